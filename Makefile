@@ -1,0 +1,38 @@
+# Two entry points for a fresh clone (see README):  `make demo`  and  `make test`.
+# Both create .venv from requirements.lock (exact versions) and are idempotent.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+# Quiet, small-machine defaults for Ray (see docs/platform.md).
+export RAY_USAGE_STATS_ENABLED ?= 0
+export RAY_AUTH_MODE ?= disabled
+export RAY_TRAIN_HEALTH_CHECK_INTERVAL_S ?= 0.1
+export RAY_DATA_DISABLE_PROGRESS_BARS ?= 1
+export AWS_EC2_METADATA_DISABLED ?= true
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m ncdlr.experiments.synthetic
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_ot.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""One module per ``ncdlr`` subcommand (see ``ncdlr.cli``)."""

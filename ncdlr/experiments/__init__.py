@@ -1,0 +1,1 @@
+"""Self-contained experiments runnable with ``python -m``."""

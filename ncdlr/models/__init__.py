@@ -1,0 +1,1 @@
+"""Encoders by name (timm, efficientnet_lite0) and projection heads."""

@@ -1,0 +1,1 @@
+"""The service (layer 3): Ray Train loop, buffer actor, config, checkpoints, reports."""
