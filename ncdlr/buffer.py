@@ -1,0 +1,62 @@
+"""FIFO buffer of past novel logits for the OT step (method.md §4.1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class LogitBuffer:
+    """The last ``J`` rows of detached novel logits ``[J, K]``.
+
+    Each training step pushes the current batch's rows and solves the OT problem over the returned
+    matrix (history + current rows, current rows last); the last ``B`` rows of the solution are the
+    batch's pseudo-labels. The first push fills the empty buffer by repeating the first batch.
+    """
+
+    def __init__(self, capacity: int, num_clusters: int) -> None:
+        if capacity < 1 or num_clusters < 1:
+            raise ValueError(f"capacity and num_clusters must be >= 1, got {capacity}, {num_clusters}")
+        self.capacity = capacity
+        self.num_clusters = num_clusters
+        self._rows = torch.empty(0, num_clusters)
+
+    def __len__(self) -> int:
+        return self._rows.shape[0]
+
+    @property
+    def rows(self) -> Tensor:
+        """``[len, K]`` stored rows, oldest first (read-only view)."""
+        return self._rows
+
+    def push(self, rows: Tensor) -> Tensor:
+        """Append ``rows [B, K]``; return ``[max(J, B), K]`` = history then the new rows.
+
+        With ``B >= J`` the result is just ``rows`` (the buffer then keeps their last ``J``).
+        """
+        if rows.ndim != 2 or rows.shape[1] != self.num_clusters:
+            raise ValueError(f"expected rows [B, {self.num_clusters}], got {tuple(rows.shape)}")
+        rows = rows.detach().to(torch.float32, copy=True).cpu()
+        if len(self) == 0:
+            repeats = -(-self.capacity // rows.shape[0])  # ceil
+            history = rows.repeat(repeats, 1)
+        else:
+            history = self._rows
+        if rows.shape[0] >= self.capacity:
+            self._rows = rows[-self.capacity :].clone()
+            return rows
+        combined = torch.cat([history[rows.shape[0] - self.capacity :], rows])
+        self._rows = combined
+        return combined
+
+    def state_dict(self) -> dict[str, Tensor | int]:
+        return {"rows": self._rows.clone(), "capacity": self.capacity, "num_clusters": self.num_clusters}
+
+    def load_state_dict(self, state: dict) -> None:
+        rows = state["rows"]
+        if int(state["num_clusters"]) != self.num_clusters or rows.shape[0] > self.capacity:
+            raise ValueError(
+                f"buffer state for K={state['num_clusters']}, {rows.shape[0]} rows does not fit "
+                f"this buffer (K={self.num_clusters}, capacity={self.capacity})"
+            )
+        self._rows = rows.to(torch.float32).clone()

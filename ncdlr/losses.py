@@ -1,0 +1,45 @@
+"""Losses against fixed prototypes (method.md §3)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _soft_targets(targets: Tensor, num_classes: int, n: int) -> Tensor:
+    if targets.ndim == 1:
+        if targets.shape[0] != n:
+            raise ValueError(f"targets [N] must match z's N={n}, got {targets.shape[0]}")
+        if targets.numel() and (targets.min() < 0 or targets.max() >= num_classes):
+            raise ValueError(f"hard targets must lie in [0, {num_classes}), got range [{int(targets.min())}, {int(targets.max())}]")
+        return F.one_hot(targets.long(), num_classes).float()
+    if targets.shape != (n, num_classes):
+        raise ValueError(f"soft targets must be [N, K] = [{n}, {num_classes}], got {tuple(targets.shape)}")
+    return targets
+
+
+def prototype_mse(z: Tensor, prototypes: Tensor, targets: Tensor) -> Tensor:
+    """``mean_i Σ_k q_ik ‖z_i - p_k‖²`` (for unit ``z``: ``mean_i Σ_k q_ik (2 - 2 z_i·p_k)``).
+
+    Args:
+        z: ``[N, D]`` embeddings (normalised in ncdlr; the squared distance is exact either way).
+        prototypes: ``[D, K]`` fixed prototypes (all classes, or just the novel block ``P^u``).
+        targets: hard labels ``[N]`` in ``[0, K)`` or soft labels ``[N, K]`` with rows summing to 1.
+
+    Returns:
+        scalar loss (mean over the batch).
+    """
+    q = _soft_targets(targets, prototypes.shape[1], z.shape[0])
+    sq_dist = (z * z).sum(1, keepdim=True) - 2 * z @ prototypes + (prototypes * prototypes).sum(0)[None, :]
+    return (q * sq_dist).sum(1).mean()
+
+
+def prototype_cross_entropy(z: Tensor, prototypes: Tensor, targets: Tensor, temperature: float = 0.1) -> Tensor:
+    """Cross-entropy on cosine logits ``z·p_k / T`` (the ablation of Table 5 and UNO's loss).
+
+    Shapes as in :func:`prototype_mse`; ``temperature`` 0.1 as in UNO.
+    """
+    q = _soft_targets(targets, prototypes.shape[1], z.shape[0])
+    log_p = torch.log_softmax(z @ prototypes / temperature, dim=1)
+    return -(q * log_p).sum(1).mean()

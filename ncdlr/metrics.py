@@ -1,0 +1,92 @@
+"""Discovery metrics: one Hungarian matching over all classes, then per-class accuracies (method.md §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+GROUPS = ("head", "medium", "tail")
+
+
+def hungarian_mapping(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> dict[int, int]:
+    """Predicted label → true label maximising the number of matches (scipy ``linear_sum_assignment``).
+
+    Predicted labels may be any integers, more or fewer than the true classes; a predicted cluster left
+    unmatched is absent from the mapping (its instances count as errors).
+    """
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    if y_true.shape != y_pred.shape or y_true.ndim != 1:
+        raise ValueError(f"y_true and y_pred must be 1-D of equal length, got {y_true.shape} and {y_pred.shape}")
+    pred_ids, pred_idx = np.unique(y_pred, return_inverse=True)
+    true_ids, true_idx = np.unique(y_true, return_inverse=True)
+    counts = np.zeros((len(pred_ids), len(true_ids)), dtype=np.int64)
+    np.add.at(counts, (pred_idx, true_idx), 1)
+    rows, cols = linear_sum_assignment(counts, maximize=True)
+    return {int(pred_ids[r]): int(true_ids[c]) for r, c in zip(rows, cols)}
+
+
+def head_medium_tail(class_ids: Sequence[int], train_counts: Sequence[int]) -> dict[str, list[int]]:
+    """Split ``class_ids`` 3:4:3 into head/medium/tail by training count (descending, ties by id).
+
+    ``round(0.3·n)`` classes are head and as many tail; the rest are medium.
+    """
+    ids = sorted(class_ids, key=lambda c: (-int(train_counts[c]), c))
+    n_edge = int(round(0.3 * len(ids)))
+    return {"head": ids[:n_edge], "medium": ids[n_edge : len(ids) - n_edge], "tail": ids[len(ids) - n_edge :]}
+
+
+def cluster_accuracy(
+    y_true: Sequence[int] | np.ndarray,
+    y_pred: Sequence[int] | np.ndarray,
+    num_known: int,
+    train_counts: Sequence[int] | None = None,
+) -> dict[str, float]:
+    """All/Known/Novel accuracy under one Hungarian matching over all classes.
+
+    Args:
+        y_true: ``[N]`` true labels; known classes are ``0..num_known-1``, novel ``num_known..K-1``.
+        y_pred: ``[N]`` predicted labels (any integers).
+        num_known: ``Ks``.
+        train_counts: optional ``[K]`` training images per class; enables the head/medium/tail keys.
+
+    Returns:
+        ``all``, ``known``, ``novel``: mean of per-class accuracies (the paper's metric) over the classes
+        present in ``y_true``; ``all_inst``, ``known_inst``, ``novel_inst``: instance-averaged; with
+        ``train_counts`` also ``known_head/medium/tail`` and ``novel_head/medium/tail`` (class-mean inside
+        each 3:4:3 group of :func:`head_medium_tail`). A group with no test class is NaN.
+    """
+    y_true = np.asarray(y_true, dtype=np.int64)
+    mapping = hungarian_mapping(y_true, y_pred)
+    mapped = np.array([mapping.get(int(p), -1) for p in np.asarray(y_pred)], dtype=np.int64)
+    correct = mapped == y_true
+    classes = np.unique(y_true)
+    per_class = {int(c): float(correct[y_true == c].mean()) for c in classes}
+
+    def class_mean(ids: Sequence[int]) -> float:
+        vals = [per_class[c] for c in ids if c in per_class]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    def inst(mask: np.ndarray) -> float:
+        return float(correct[mask].mean()) if mask.any() else float("nan")
+
+    known_ids = [int(c) for c in classes if c < num_known]
+    novel_ids = [int(c) for c in classes if c >= num_known]
+    result = {
+        "all": class_mean(per_class),
+        "known": class_mean(known_ids),
+        "novel": class_mean(novel_ids),
+        "all_inst": inst(np.ones_like(correct)),
+        "known_inst": inst(y_true < num_known),
+        "novel_inst": inst(y_true >= num_known),
+    }
+    if train_counts is not None:
+        num_classes = len(train_counts)
+        if classes.max() >= num_classes:
+            raise ValueError(f"train_counts has {num_classes} classes but y_true contains label {int(classes.max())}")
+        for half, ids in (("known", range(num_known)), ("novel", range(num_known, num_classes))):
+            for group, members in head_medium_tail(list(ids), train_counts).items():
+                result[f"{half}_{group}"] = class_mean(members)
+    return result
