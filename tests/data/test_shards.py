@@ -1,0 +1,150 @@
+"""Prepared-dataset format: shards + manifest written last, and readers that refuse anything inconsistent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from ncdlr.data.manifest import FORMAT_VERSION, DatasetFormatError, read_manifest
+from ncdlr.data.records import ClassInfo, ImageRecord
+from ncdlr.data.shards import SCHEMA, encode_shard, verify_dataset, write_dataset
+from ncdlr.data.storage import ObjectNotFoundError
+from tests.fixtures.tiny_images import make_tiny_dataset
+
+Parts = tuple[list[ImageRecord], list[ClassInfo], object]
+
+
+def _rows(uri_dir: Path) -> list[dict]:
+    table = pq.read_table(sorted(uri_dir.glob("shards/*.parquet")))
+    return sorted(table.to_pylist(), key=lambda r: r["source_id"])
+
+
+def test_write_then_read_round_trips_every_record(tmp_path: Path, tiny_dataset: Parts) -> None:
+    records, classes, info = tiny_dataset
+    manifest = write_dataset(str(tmp_path / "ds"), records, classes, info, target_shard_bytes=8 * 1024, progress=False)
+    assert len(manifest.shards) > 1, "a small target must cut several shards"
+    assert manifest.num_rows == len(records) == sum(manifest.split_counts.values())
+    rows = _rows(tmp_path / "ds")
+    expected = sorted(({"image": r.image, "label": r.label, "split": r.split, "class_name": r.class_name,
+                        "source_id": r.source_id} for r in records), key=lambda r: r["source_id"])
+    assert rows == expected
+    assert pq.read_schema(next((tmp_path / "ds").glob("shards/*.parquet"))).remove_metadata() == SCHEMA
+    again = verify_dataset(str(tmp_path / "ds"))
+    assert again == read_manifest(str(tmp_path / "ds")) == manifest
+
+
+def test_manifest_records_classes_counts_and_provenance(tmp_path: Path, tiny_dataset: Parts) -> None:
+    records, classes, info = tiny_dataset
+    manifest = write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False)
+    data = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert data["format_version"] == FORMAT_VERSION
+    assert [c["name"] for c in data["classes"]] == [c.name for c in classes]
+    assert (data["num_known"], data["num_novel"]) == (2, 2)
+    assert data["split_counts"] == {"known": 18, "novel": 14, "test": 8}
+    assert manifest.train_counts == [12, 6, 10, 4] and data["seed"] == 0 and data["imbalance"]["known"] == 2.0
+
+
+@pytest.mark.slow
+def test_shards_round_trip_through_s3(s3_bucket: str, s3_server, tiny_dataset: Parts) -> None:
+    records, classes, info = tiny_dataset
+    uri = f"{s3_bucket}/tiny"
+    manifest = write_dataset(uri, records, classes, info, target_shard_bytes=16 * 1024, progress=False)
+    assert verify_dataset(uri) == manifest
+    rows = _rows(s3_server.root_dir / s3_bucket.removeprefix("s3://") / "tiny")
+    assert [r["source_id"] for r in rows] == sorted(r.source_id for r in records)
+    assert {r["source_id"]: r["image"] for r in rows} == {r.source_id: r.image for r in records}
+
+
+def test_a_crashed_build_leaves_no_dataset_a_reader_accepts(tmp_path: Path, tiny_dataset: Parts) -> None:
+    records, classes, info = tiny_dataset
+
+    def crashing():
+        yield from records[:20]
+        raise RuntimeError("source disk vanished")
+
+    with pytest.raises(RuntimeError, match="vanished"):
+        write_dataset(str(tmp_path / "ds"), crashing(), classes, info, target_shard_bytes=4096, progress=False)
+    assert list((tmp_path / "ds" / "shards").glob("*.parquet")), "shards were written before the crash"
+    with pytest.raises(ObjectNotFoundError, match="manifest.json"):
+        read_manifest(str(tmp_path / "ds"))
+
+
+def test_missing_manifest_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ObjectNotFoundError, match=r"nothing-here/manifest.json.*not a prepared dataset"):
+        read_manifest(str(tmp_path / "nothing-here"))
+
+
+@pytest.mark.slow
+def test_missing_manifest_on_s3_is_a_clear_error(s3_bucket: str) -> None:
+    with pytest.raises(ObjectNotFoundError, match=f"{s3_bucket}/absent/manifest.json"):
+        read_manifest(f"{s3_bucket}/absent")
+
+
+def test_unknown_manifest_version_is_refused_naming_the_file(tmp_path: Path, tiny_dataset: Parts) -> None:
+    write_dataset(str(tmp_path / "ds"), *tiny_dataset, progress=False)
+    path = tmp_path / "ds" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["format_version"] = 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(DatasetFormatError, match=r"ds/manifest.json: unsupported manifest format_version 2"):
+        read_manifest(str(tmp_path / "ds"))
+
+
+def test_shard_checksum_mismatch_is_refused_naming_the_shard(tmp_path: Path, tiny_dataset: Parts) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *tiny_dataset, target_shard_bytes=8 * 1024, progress=False)
+    victim = tmp_path / "ds" / manifest.shards[1].path
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    victim.write_bytes(bytes(data))
+    with pytest.raises(DatasetFormatError, match=rf"{manifest.shards[1].path}: sha256"):
+        verify_dataset(str(tmp_path / "ds"))
+
+
+def test_shard_row_count_mismatch_is_refused_naming_the_shard(tmp_path: Path, tiny_dataset: Parts) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *tiny_dataset, target_shard_bytes=8 * 1024, progress=False)
+    shard = manifest.shards[0]
+    victim = tmp_path / "ds" / shard.path
+    # A well-formed shard with one row fewer, and a manifest whose size entry was "fixed" to match:
+    # only the row count can tell.
+    short = encode_shard(pq.read_table(victim).slice(1))
+    victim.write_bytes(short)
+    path = tmp_path / "ds" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["shards"][0]["bytes"] = len(short)
+    path.write_text(json.dumps(data))
+    with pytest.raises(DatasetFormatError, match=rf"{shard.path}: {shard.rows - 1} rows, manifest says {shard.rows}"):
+        verify_dataset(str(tmp_path / "ds"), checksum=False)
+
+
+def test_a_missing_shard_is_refused_naming_it(tmp_path: Path, tiny_dataset: Parts) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *tiny_dataset, target_shard_bytes=8 * 1024, progress=False)
+    (tmp_path / "ds" / manifest.shards[-1].path).unlink()
+    with pytest.raises(DatasetFormatError, match=rf"{manifest.shards[-1].path}: shard listed in the manifest is missing"):
+        verify_dataset(str(tmp_path / "ds"))
+
+
+def test_train_count_disagreeing_with_rows_writes_no_manifest(tmp_path: Path, tiny_dataset: Parts) -> None:
+    records, classes, info = tiny_dataset
+    lying = [classes[0].__class__(label=0, name="class_0", group="known", train_count=99), *classes[1:]]
+    with pytest.raises(ValueError, match="train_count disagrees"):
+        write_dataset(str(tmp_path / "ds"), records, lying, info, progress=False)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_record_with_wrong_class_name_is_refused_naming_its_source_id(tmp_path: Path, tiny_dataset: Parts) -> None:
+    records, classes, info = tiny_dataset
+    bad = ImageRecord(image=records[0].image, label=0, split="test", class_name="class_3", source_id="odd.jpg")
+    with pytest.raises(ValueError, match="'odd.jpg'"):
+        write_dataset(str(tmp_path / "ds"), [bad, *records], classes, info, progress=False)
+
+
+def test_an_existing_dataset_is_not_overwritten_by_accident(tmp_path: Path, tiny_dataset: Parts) -> None:
+    write_dataset(str(tmp_path / "ds"), *tiny_dataset, progress=False)
+    with pytest.raises(FileExistsError, match="manifest.json"):
+        write_dataset(str(tmp_path / "ds"), *tiny_dataset, progress=False)
+    records, classes, info = make_tiny_dataset(train_counts=(3, 2, 3, 1), seed=1)
+    manifest = write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False, overwrite=True)
+    assert verify_dataset(str(tmp_path / "ds")) == manifest and manifest.num_rows == len(records)
