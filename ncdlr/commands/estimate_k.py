@@ -1,0 +1,210 @@
+"""Estimate the number of novel classes Ku (method.md §6; paper §3.5, Appendix "estimate k").
+
+Clusters labeled (split "known") and unlabeled (split "novel") features together into Ks + k clusters
+with Ward's agglomerative clustering, scores each k by the Hungarian accuracy on the labeled instances,
+score = beta * instance_acc + (1 - beta) * class_mean_acc  (beta = 0.5; beta = 1 is the paper's baseline;
+the class mean divides by Ks), and searches k in [0, k_max] with the paper's bisection.
+
+Input: --features URI, a parquet feature table (file or folder; local path, file:// or s3://) with columns
+embedding (list<float32>), label (int) and split (string: known | novel | val | test; only known and
+novel rows are used). --data URI --encoder NAME (a prepared image dataset) embeds it first with
+`ncdlr embed`.
+
+What is approximated (and what is not):
+  * The Ward tree is built ONCE and cut at every candidate k (exact: the same as re-clustering per k).
+  * Up to --ward-points rows (default 3000) the tree is exact Ward (scipy linkage).
+  * Above that, rows are first grouped into --ward-points k-means micro-clusters (MiniBatchKMeans,
+    seeded) and Ward runs on their centroids weighted by their sizes. This is Ward's merge order on
+    all rows under one constraint: rows of one micro-cluster always share a cluster. Tail classes
+    smaller than a micro-cluster (about rows / ward-points) can therefore be absorbed by a neighbour.
+  * Above --max-samples rows (default 200000) a seeded uniform subsample is used.
+  * The bisection evaluates O(log k_max) candidates and assumes a unimodal score curve; on a plateau
+    it may stop anywhere on it (see docs/estimate_k.md).
+Features are L2-normalised first (as the authors do); --no-normalize keeps them raw.
+
+Example:
+  ncdlr estimate-k --features runs/feats.parquet --k-max 100 --plot runs/k_curve.png --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ncdlr.estimate_k import EstimateKConfig, EstimateKResult, KnownClusterScorer, estimate_num_novel
+
+NAME = "estimate-k"
+HELP = "estimate the number of novel classes Ku (Ward clustering + bisection on the known-class accuracy)"
+
+REQUIRED_COLUMNS = ("embedding", "label", "split")
+
+
+class FeatureTableError(ValueError):
+    """A feature table that cannot be used; the message names the table and the problem."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--features", metavar="URI", help="parquet feature table (embedding, label, split)")
+    source.add_argument("--data", metavar="URI", help="prepared image dataset; embedded first with --encoder")
+    parser.add_argument("--encoder", metavar="NAME", help="frozen encoder for --data (e.g. efficientnet_lite0)")
+    parser.add_argument("--k-max", type=int, default=None,
+                        help="search k in [0, K_MAX]; default 2*Ks (at least 10). Set it above your guess.")
+    parser.add_argument("--beta", type=float, default=0.5,
+                        help="weight of the instance accuracy; 0.5 = the paper's mixed metric (recommended), "
+                             "1.0 = its instance-accuracy baseline, which underestimates on long tails")
+    parser.add_argument("--max-samples", type=int, default=200_000,
+                        help="use at most this many rows (seeded uniform subsample); default 200000")
+    parser.add_argument("--ward-points", type=int, default=3000,
+                        help="exact Ward up to this many rows, else this many k-means micro-clusters "
+                             "(memory ~ 8*N^2 bytes; default 3000 = 72 MB)")
+    parser.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the features")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the subsample and the micro-clusters")
+    parser.add_argument("--plot", metavar="PATH", help="write the score curve over k as a PNG")
+    parser.add_argument("--json", action="store_true",
+                        help='print one JSON object as the last line: {"num_novel", "num_known", "score", "seconds", ...}')
+
+
+def read_feature_table(uri: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read the known and novel rows of a parquet feature table.
+
+    Returns:
+        ``features [N, D]`` float32, ``labels [N]`` int64, ``labeled_mask [N]`` bool (True for split known).
+
+    Raises:
+        FeatureTableError naming ``uri`` for a missing table or column, ragged or non-finite embeddings,
+        or a table without known or novel rows. Storage errors come from ``ncdlr.data.storage``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from ncdlr.data.storage import resolve
+
+    filesystem, path = resolve(uri)
+    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+        raise FeatureTableError(f"{uri}: feature table not found")
+    table = pq.read_table(path, filesystem=filesystem)
+    schema_names = table.schema.names
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
+    if missing:
+        raise FeatureTableError(f"{uri}: feature table lacks column(s) {', '.join(missing)} "
+                                f"(has {', '.join(schema_names)})")
+    split = table.column("split").cast(pa.string())
+    table = table.filter(pc.is_in(split, value_set=pa.array(["known", "novel"])))
+    if table.num_rows == 0:
+        raise FeatureTableError(f"{uri}: no rows with split 'known' or 'novel'")
+    embedding = table.column("embedding").combine_chunks()
+    if not (pa.types.is_list(embedding.type) or pa.types.is_large_list(embedding.type)
+            or pa.types.is_fixed_size_list(embedding.type)):
+        raise FeatureTableError(f"{uri}: column 'embedding' must be a list of floats, got {embedding.type}")
+    if embedding.null_count:
+        raise FeatureTableError(f"{uri}: column 'embedding' has {embedding.null_count} null rows")
+    lengths = pc.list_value_length(embedding).to_numpy()
+    if lengths.min() != lengths.max() or lengths.min() == 0:
+        raise FeatureTableError(f"{uri}: embeddings have unequal or zero lengths ({lengths.min()}..{lengths.max()})")
+    features = embedding.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, int(lengths[0]))
+    if not np.all(np.isfinite(features)):
+        raise FeatureTableError(f"{uri}: column 'embedding' contains NaN or infinite values")
+    labels = table.column("label").to_numpy().astype(np.int64)
+    labeled = table.column("split").cast(pa.string()).to_numpy(zero_copy_only=False) == "known"
+    if not labeled.any():
+        raise FeatureTableError(f"{uri}: no rows with split 'known' (labeled data is needed to score k)")
+    if labeled.all():
+        raise FeatureTableError(f"{uri}: no rows with split 'novel' (nothing to estimate)")
+    return features, labels, labeled
+
+
+def _features_from_dataset(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Embed a prepared dataset with ``ncdlr embed`` (the training service), then read the table."""
+    try:
+        from ncdlr.service import embed
+    except ImportError:
+        raise SystemExit(
+            "ncdlr estimate-k: --data needs `ncdlr embed`, which is not installed in this build; run "
+            "`ncdlr embed` on the dataset first and pass its table with --features URI") from None
+    if not args.encoder:
+        raise SystemExit("ncdlr estimate-k: --data needs --encoder NAME (the frozen encoder to embed with)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ncdlr-estimate-k-") as tmp:
+        table_uri = str(Path(tmp) / "features.parquet")
+        embed.embed_dataset(args.data, table_uri, encoder=args.encoder)
+        return read_feature_table(table_uri)
+
+
+def plot_score_curve(path: str | Path, scorer: KnownClusterScorer, result: EstimateKResult) -> None:
+    """PNG of the mixed score, instance and class-mean accuracy over k, with the bisection's visits marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.unique(np.concatenate([np.linspace(0, result.k_max, min(result.k_max + 1, 121)).round().astype(int),
+                                     np.fromiter(result.evaluations, dtype=int)]))
+    acc = np.array([scorer.accuracies(int(k)) for k in grid])
+    mixed = result.beta * acc[:, 0] + (1 - result.beta) * acc[:, 1]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    ax.plot(grid, 100 * mixed, color="C0", lw=2, label=f"score (β = {result.beta:g})")
+    ax.plot(grid, 100 * acc[:, 0], color="C1", lw=1, ls="--", label="instance accuracy (β = 1)")
+    ax.plot(grid, 100 * acc[:, 1], color="C2", lw=1, ls=":", label="class-mean accuracy (β = 0)")
+    visited = np.fromiter(result.evaluations, dtype=int)
+    ax.scatter(visited, [100 * result.evaluations[k][0] for k in visited], color="C0", zorder=3,
+               label="bisection evaluations")
+    ax.axvline(result.num_novel, color="k", lw=1, label=f"estimate Ku = {result.num_novel}")
+    ax.set_xlabel("number of novel classes k (clusters = Ks + k, Ks = %d)" % result.num_known)
+    ax.set_ylabel("known-class clustering accuracy (%)")
+    ax.set_title("Ku estimate: Ward clustering scored on the labeled instances")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = EstimateKConfig(k_max=args.k_max, beta=args.beta, ward_points=args.ward_points,
+                                 max_samples=args.max_samples, l2_normalize=not args.no_normalize, seed=args.seed)
+    except ValueError as exc:
+        print(f"ncdlr estimate-k: {exc}", file=sys.stderr)
+        return 2
+    source = args.features or args.data
+    try:
+        if args.features:
+            features, labels, labeled = read_feature_table(args.features)
+        else:
+            features, labels, labeled = _features_from_dataset(args)
+        result, scorer = estimate_num_novel(features, labels, labeled, config)
+    except (ValueError, OSError) as exc:
+        print(f"ncdlr estimate-k: {exc}", file=sys.stderr)
+        return 1
+    mode = (f"Ward on {result.num_ward_leaves} k-means micro-clusters (approximate)" if result.approximate
+            else "exact Ward")
+    print(f"{source}: {result.num_rows} rows ({int(labeled.sum())} labeled), Ks = {result.num_known}, {mode}")
+    for k, (score, inst, cls) in sorted(result.evaluations.items()):
+        print(f"  k = {k:5d}  score {score:.4f}  (instance {inst:.4f}, class-mean {cls:.4f})")
+    print(f"estimated number of novel classes Ku = {result.num_novel} (score {result.score:.4f}, "
+          f"beta {result.beta:g}, k in [0, {result.k_max}]) in {result.seconds:.2f} s "
+          f"(tree {result.tree_seconds:.2f} s)")
+    if args.plot:
+        plot_score_curve(args.plot, scorer, result)
+        print(f"score curve: {args.plot}")
+    if args.json:
+        print(json.dumps({
+            "num_novel": result.num_novel,
+            "num_known": result.num_known,
+            "score": result.score,
+            "seconds": result.seconds,
+            "beta": result.beta,
+            "k_max": result.k_max,
+            "approximate": result.approximate,
+            "evaluations": {str(k): v[0] for k, v in result.evaluations.items()},
+        }))
+    return 0
