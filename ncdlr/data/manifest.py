@@ -11,12 +11,14 @@ that crashed or is still running) is not a dataset. Format version 1::
       "num_known": 500, "num_novel": 500,
       "imbalance": {"known": 100.0, "novel": 100.0},
       "split_counts": {"known": 12000, "novel": 11000, "test": 3000},
-      "shards": [{"path": "shards/part-00000.parquet", "rows": 4211, "sha256": "...", "bytes": 134217728}],
+      "shards": [{"path": "shards/known/part-00000.parquet", "split": "known", "rows": 4211,
+                  "sha256": "...", "bytes": 134217728}, ...],
       "created_by": "ncdlr 0.1.0", "created_at": "2026-11-26T01:00:00Z",
       "extra": {}
     }
 
-Shard paths are relative to the dataset directory. Readers refuse any other ``format_version``.
+Shard paths are relative to the dataset directory; each shard holds the rows of one split. Readers refuse
+any other ``format_version``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class ShardInfo:
     rows: int
     sha256: str  # hex digest of the whole parquet file
     bytes: int  # file size
+    split: str  # every row of the shard belongs to this split
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,10 @@ class Manifest:
                         f"train_count sum to {expected}")
         if len({s.path for s in self.shards}) != len(self.shards):
             return "a shard is listed twice"
+        for split in set(SPLITS):
+            rows = sum(s.rows for s in self.shards if s.split == split)
+            if rows != self.split_counts.get(split, 0):
+                return f"shards of split {split!r} hold {rows} rows but split_counts says {self.split_counts.get(split, 0)}"
         return None
 
 

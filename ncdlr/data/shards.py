@@ -1,10 +1,11 @@
 """Write and verify prepared datasets: parquet shards of ``ImageRecord`` rows plus ``manifest.json``.
 
 Shard columns (``SCHEMA``): ``image`` (binary, the source's encoded bytes), ``label`` (int32), ``split``,
-``class_name``, ``source_id`` (strings). Shards are cut at ``target_shard_bytes`` of image payload (128 MiB
-by default: few enough files for S3, small enough that one Ray read task stays light) and stored under
-``shards/part-NNNNN.parquet``; the image column is stored uncompressed (JPEG/PNG are compressed already),
-the others with zstd. The manifest is written last (``ncdlr.data.manifest``), so an interrupted build leaves
+``class_name``, ``source_id`` (strings). Every shard holds rows of ONE split (so a reader of ``test`` never
+fetches training images) and is cut at ``target_shard_bytes`` of image payload (128 MiB by default: few
+enough objects for S3, each read in row groups of ~16 MiB); it is stored as
+``shards/<split>/part-NNNNN.parquet``. The image column is stored uncompressed (JPEG/PNG are compressed
+already), the others with zstd. The manifest is written last (``ncdlr.data.manifest``), so an interrupted build leaves
 no dataset that a reader accepts.
 """
 
@@ -33,7 +34,7 @@ from ncdlr.data.manifest import (
     read_manifest,
     write_manifest,
 )
-from ncdlr.data.records import ClassInfo, ImageRecord
+from ncdlr.data.records import SPLITS, ClassInfo, ImageRecord
 from ncdlr.data.storage import join, resolve, with_retries
 
 log = logging.getLogger(__name__)
@@ -133,25 +134,28 @@ def write_dataset(
     split), unique ``source_id``; and at the end, each class's ``train_count`` equals its rows in the training
     splits. An error anywhere leaves no manifest, so the directory is never taken for a dataset.
 
-    Memory: one shard's rows (``target_shard_bytes`` plus its parquet encoding) at a time.
+    Memory: up to one shard's rows per split (``target_shard_bytes`` each) plus one encoded shard.
     """
     _check_classes(classes, out_uri)
     fs, base = resolve(out_uri, endpoint_url)
     _clear_previous(fs, base, out_uri, overwrite)
     if isinstance(fs, pafs.LocalFileSystem):
-        fs.create_dir(join(base, SHARD_DIR), recursive=True)
+        for split in SPLITS:
+            fs.create_dir(join(base, SHARD_DIR, split), recursive=True)
 
     shards: list[ShardInfo] = []
     split_counts: Counter[str] = Counter()
     train_counts: Counter[int] = Counter()
     seen_ids: set[str] = set()
-    buffer = _ShardBuffer()
+    buffers: dict[str, _ShardBuffer] = {}
+    shards_per_split: Counter[str] = Counter()
 
-    def flush() -> None:
-        nonlocal buffer
-        if not buffer.images:
+    def flush(split: str) -> None:
+        buffer = buffers.pop(split, None)
+        if buffer is None or not buffer.images:
             return
-        rel = f"{SHARD_DIR}/part-{len(shards):05d}.parquet"
+        rel = f"{SHARD_DIR}/{split}/part-{shards_per_split[split]:05d}.parquet"
+        shards_per_split[split] += 1
         data = encode_shard(buffer.table())
 
         def upload() -> None:
@@ -160,8 +164,7 @@ def write_dataset(
 
         with_retries(upload, join(out_uri, rel))
         shards.append(ShardInfo(path=rel, rows=len(buffer.images), sha256=hashlib.sha256(data).hexdigest(),
-                                bytes=len(data)))
-        buffer = _ShardBuffer()
+                                bytes=len(data), split=split))
 
     total = len(records) if isinstance(records, Sequence) else None
     bar = _progress(total, f"writing {out_uri}", enabled=progress)
@@ -181,11 +184,13 @@ def write_dataset(
             raise ValueError(f"record {record.source_id!r}: duplicate source_id")
         seen_ids.add(record.source_id)
         split_counts[record.split] += 1
+        buffer = buffers.setdefault(record.split, _ShardBuffer())
         buffer.add(record)
         bar.update(1)
         if buffer.nbytes >= target_shard_bytes:
-            flush()
-    flush()
+            flush(record.split)
+    for split in sorted(buffers):
+        flush(split)
     bar.close()
 
     wrong = [(c.name, c.train_count, train_counts[c.label]) for c in classes if c.train_count != train_counts[c.label]]
@@ -274,7 +279,9 @@ def verify_dataset(uri: str, *, checksum: bool = True, endpoint_url: str | None 
     return manifest
 
 
-def shard_paths(uri: str, manifest: Manifest, endpoint_url: str | None = None) -> tuple[pafs.FileSystem, list[str]]:
-    """The filesystem and the paths (inside it) of the dataset's shards, in manifest order."""
+def shard_paths(uri: str, manifest: Manifest, splits: Iterable[str] | None = None,
+                endpoint_url: str | None = None) -> tuple[pafs.FileSystem, list[str]]:
+    """The filesystem and the paths (inside it) of the shards holding ``splits`` (all when ``None``)."""
     fs, base = resolve(uri, endpoint_url)
-    return fs, [join(base, s.path) for s in manifest.shards]
+    wanted = set(splits) if splits is not None else None
+    return fs, [join(base, s.path) for s in manifest.shards if wanted is None or s.split in wanted]

@@ -18,7 +18,7 @@ Parts = tuple[list[ImageRecord], list[ClassInfo], object]
 
 
 def _rows(uri_dir: Path) -> list[dict]:
-    table = pq.read_table(sorted(uri_dir.glob("shards/*.parquet")))
+    table = pq.read_table(sorted(uri_dir.glob("shards/*/*.parquet")))
     return sorted(table.to_pylist(), key=lambda r: r["source_id"])
 
 
@@ -31,7 +31,7 @@ def test_write_then_read_round_trips_every_record(tmp_path: Path, tiny_dataset: 
     expected = sorted(({"image": r.image, "label": r.label, "split": r.split, "class_name": r.class_name,
                         "source_id": r.source_id} for r in records), key=lambda r: r["source_id"])
     assert rows == expected
-    assert pq.read_schema(next((tmp_path / "ds").glob("shards/*.parquet"))).remove_metadata() == SCHEMA
+    assert pq.read_schema(next((tmp_path / "ds").glob("shards/*/*.parquet"))).remove_metadata() == SCHEMA
     again = verify_dataset(str(tmp_path / "ds"))
     assert again == read_manifest(str(tmp_path / "ds")) == manifest
 
@@ -67,7 +67,7 @@ def test_a_crashed_build_leaves_no_dataset_a_reader_accepts(tmp_path: Path, tiny
 
     with pytest.raises(RuntimeError, match="vanished"):
         write_dataset(str(tmp_path / "ds"), crashing(), classes, info, target_shard_bytes=4096, progress=False)
-    assert list((tmp_path / "ds" / "shards").glob("*.parquet")), "shards were written before the crash"
+    assert list((tmp_path / "ds" / "shards").rglob("*.parquet")), "shards were written before the crash"
     with pytest.raises(ObjectNotFoundError, match="manifest.json"):
         read_manifest(str(tmp_path / "ds"))
 
@@ -148,3 +148,11 @@ def test_an_existing_dataset_is_not_overwritten_by_accident(tmp_path: Path, tiny
     records, classes, info = make_tiny_dataset(train_counts=(3, 2, 3, 1), seed=1)
     manifest = write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False, overwrite=True)
     assert verify_dataset(str(tmp_path / "ds")) == manifest and manifest.num_rows == len(records)
+
+
+def test_every_shard_holds_the_rows_of_one_split(tmp_path: Path, tiny_dataset: Parts) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *tiny_dataset, target_shard_bytes=8 * 1024, progress=False)
+    for shard in manifest.shards:
+        splits = set(pq.read_table(tmp_path / "ds" / shard.path, columns=["split"]).column("split").to_pylist())
+        assert splits == {shard.split} and shard.path.startswith(f"shards/{shard.split}/")
+    assert {s.split for s in manifest.shards} == {"known", "novel", "test"}
