@@ -1,1 +1,18 @@
-"""Encoders by name (timm, efficientnet_lite0) and projection heads."""
+"""Encoders by name (timm, efficientnet_lite0, tiny CNN, identity) and projection heads."""
+
+from __future__ import annotations
+
+from .encoders import Encoder, PretrainedWeightsWarning, build_encoder
+from .heads import Head, NCDModel, build_head
+
+__all__ = ["Encoder", "Head", "NCDModel", "PretrainedWeightsWarning", "build_encoder", "build_head", "build_model"]
+
+
+def build_model(model_cfg, num_known: int, num_novel: int, image_size: int = 224) -> NCDModel:
+    """Build ``NCDModel`` from a :class:`ncdlr.service.config.ModelConfig`."""
+    encoder = build_encoder(model_cfg.encoder, pretrained=model_cfg.pretrained,
+                            trainable_blocks=model_cfg.trainable_blocks, image_size=image_size,
+                            feature_dim=model_cfg.feature_dim)
+    head = build_head(model_cfg.head, encoder.feature_dim, num_known + num_novel, model_cfg.head_dim,
+                      seed=model_cfg.prototype_seed)
+    return NCDModel(encoder, head, num_known, num_novel, prototype_seed=model_cfg.prototype_seed)

@@ -1,0 +1,115 @@
+"""Training checkpoints: everything needed for an exact resume, loadable with ``torch.load(weights_only=True)``.
+
+A checkpoint is one file ``state.pt`` holding only tensors, numbers, strings, lists and dicts:
+
+* ``model``: the trainable parameters and all buffers (prototypes ``P``, a frozen head expansion, BatchNorm
+  statistics) — frozen encoder weights are rebuilt from the config (and ``--pretrained``) instead;
+* ``optimizer`` (AdamW), ``scheduler`` (LambdaLR position), ``labeler`` (``t`` and its SGD state);
+* ``buffer``: the shared FIFO of novel logits (``LogitBuffer.state_dict()``) and ``step`` (global step of
+  its last push);
+* ``rng``: per-rank torch (and CUDA) generator states; ``epoch`` (epochs completed); ``config``.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FORMAT_VERSION = 1
+FILENAME = "state.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, of an unknown version, or does not fit the model (names the file)."""
+
+
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Trainable parameters and all buffers of ``model`` (detached CPU copies)."""
+    state = {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
+    state.update({name: b.detach().cpu().clone() for name, b in model.named_buffers()})
+    return state
+
+
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Load :func:`model_state` output; every trainable parameter must be present and every key known."""
+    own = dict(model.named_parameters()) | dict(model.named_buffers())
+    unknown = sorted(set(state) - set(own))
+    if unknown:
+        raise CheckpointError(f"{source}: keys not in the model: {unknown[:5]}")
+    missing = sorted(n for n, p in model.named_parameters() if p.requires_grad and n not in state)
+    if missing:
+        raise CheckpointError(f"{source}: trainable parameters missing: {missing[:5]}")
+    with torch.no_grad():
+        for name, value in state.items():
+            if own[name].shape != value.shape:
+                raise CheckpointError(f"{source}: {name} has shape {tuple(value.shape)}, model wants {tuple(own[name].shape)}")
+            own[name].copy_(value)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, labeler: nn.Module, buffer: dict | None, step: int, epoch: int,
+                    rng: list[dict[str, Any]], config: dict, metrics: dict[str, float] | None = None) -> Path:
+    """Write ``directory/state.pt`` atomically (temp file then rename) and return its path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "model": model_state(model),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "labeler": {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in labeler.state_dict().items()},
+        "buffer": buffer,
+        "step": int(step),
+        "epoch": int(epoch),
+        "rng": rng,
+        "config": config,
+        "metrics": dict(metrics or {}),
+    }
+    tmp = directory / (FILENAME + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(directory / FILENAME)
+    return directory / FILENAME
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint (a ``state.pt`` or a directory holding one, local or s3://) with ``weights_only=True``."""
+    text = str(path)
+    if text.startswith("s3://"):
+        from ncdlr.models.encoders import read_bytes
+
+        uri = text if text.endswith(".pt") else text.rstrip("/") + "/" + FILENAME
+        source: Any = io.BytesIO(read_bytes(uri))
+        name = uri
+    else:
+        file = Path(text)
+        if file.is_dir():
+            file = file / FILENAME
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {str(file)!r} does not exist")
+        source, name = file, str(file)
+    try:
+        payload = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for corrupt/unsafe files
+        raise CheckpointError(f"checkpoint {name!r} cannot be read: {err}") from err
+    if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
+        version = payload.get("format_version") if isinstance(payload, dict) else None
+        raise CheckpointError(f"checkpoint {name!r} has unknown format version {version!r} (expected {FORMAT_VERSION})")
+    payload["source"] = name
+    return payload

@@ -1,0 +1,255 @@
+"""Typed run configuration: dataclasses loaded from ``configs/*.yaml`` and overridden from the command line.
+
+One source of truth for every knob of a training run. A YAML file has one mapping per section
+(``data``, ``model``, ``labeler``, ``optim``, ``run``); the command line overrides any field with
+``--section.key value`` or, when the key name is unique across sections, ``--key value``
+(dashes and underscores are interchangeable). Unknown sections/keys and values of the wrong type
+are rejected with a :class:`ConfigError` that names the key. The resolved config is written to the
+run directory as ``config.yaml`` so a run can be re-created and evaluated later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown, ambiguous or has a value of the wrong type (the message names it)."""
+
+
+@dataclass
+class DataConfig:
+    """Where the training data comes from and how it is batched."""
+
+    uri: str = ""  #: prepared image dataset (manifest + parquet shards), local path or s3://
+    features: str = ""  #: feature table (parquet: embedding, label, split) — feature-table mode when set
+    endpoint_url: str = ""  #: S3 endpoint override (else AWS_ENDPOINT_URL / AWS defaults)
+    batch_size: int = 128  #: per worker and per half: B known + B novel rows each step (paper: 128)
+    eval_batch_size: int = 256
+    image_size: int = 224  #: crop size fed to the encoder
+    crop_scale_min: float = 0.5  #: RandomResizedCrop lower scale bound for the two views
+    feature_noise: float = 0.0  #: feature-table mode: std of Gaussian noise making the two "views"
+    max_steps_per_epoch: int = 0  #: 0 → a full pass over the novel split per epoch
+
+
+@dataclass
+class ModelConfig:
+    """Encoder f, head g and the fixed ETF prototypes (method.md §2)."""
+
+    encoder: str = "vit_base_patch16_224"  #: any timm name, "efficientnet_lite0", "tiny_cnn" or "identity"
+    pretrained: str = ""  #: DINO-format checkpoint, local path or s3:// (timm encoders); empty → warning
+    trainable_blocks: int = 1  #: last N encoder blocks trained (paper: 1); -1 → all, 0 → none
+    head: str = "auto"  #: "auto" | "identity" | "expand" (frozen random) | "linear" | "mlp" (trainable)
+    head_dim: int = 0  #: output width D of the head; 0 → max(encoder width, K)
+    prototype_seed: int = 0  #: seed of the simplex ETF prototypes (stored in every checkpoint)
+    feature_dim: int = 0  #: input width for encoder "identity" (feature-table mode); 0 → from the table
+
+
+@dataclass
+class LabelerConfig:
+    """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
+
+    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" | "free"
+    eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
+    n_iters: int = 3  #: T, Sinkhorn iterations per solve
+    outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
+    gamma: float = 500.0  #: γ, weight of KL(ν‖w)/Ku; tune per Ku (method.md §4 trap a)
+    lr: float = 0.1  #: SGD learning rate of t
+    momentum: float = 0.99  #: SGD momentum of t
+    init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
+    buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
+    use_buffer: bool = True  #: off → solve on the current gathered batch only
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay (method.md §7)."""
+
+    epochs: int = 50
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    weight_decay: float = 1.5e-4
+    warmup_epochs: float = 3.0
+    alpha: float = 1.0  #: α in L = L_s + α L_u
+    amp: bool = True  #: bfloat16 autocast on GPU (ignored on CPU)
+
+
+@dataclass
+class RunConfig:
+    """Where the run lives and how it is scaled."""
+
+    output: str = "runs/latest"  #: run directory (config.yaml, metrics.json, report, TensorBoard)
+    storage_path: str = ""  #: Ray Train checkpoint storage (local or s3://); empty → <output>/ray
+    name: str = "ncdlr"
+    num_workers: int = 1
+    use_gpu: str = "auto"  #: "auto" | "true" | "false"
+    cpus_per_worker: float = 1.0  #: fractional values leave CPUs for Ray Data read tasks
+    seed: int = 0
+    max_failures: int = 0  #: Ray Train FailureConfig(max_failures)
+    checkpoints_to_keep: int = 2
+    resume: str = ""  #: checkpoint directory to resume from (exact resume)
+    log_every: int = 20  #: steps between progress lines in the job log
+    evaluate: bool = True  #: evaluate on the test split and write the report after training
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    labeler: LabelerConfig = field(default_factory=LabelerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "model.head": ("auto", "identity", "expand", "linear", "mlp"),
+    "labeler.prior": ("adaptive", "uniform", "fixed", "free"),
+    "run.use_gpu": ("auto", "true", "false"),
+}
+
+
+def _sections() -> dict[str, type]:
+    return {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
+
+
+def _coerce(key: str, value: Any, kind: type, *, from_text: bool) -> Any:
+    """Return ``value`` as ``kind`` or raise ConfigError naming ``key``."""
+    if from_text and isinstance(value, str):
+        text = value.strip()
+        if kind is bool:
+            lowered = text.lower()
+            if lowered in ("true", "1", "yes", "on"):
+                return True
+            if lowered in ("false", "0", "no", "off"):
+                return False
+            raise ConfigError(f"config key {key!r}: expected a boolean (true/false), got {value!r}")
+        if kind is int:
+            try:
+                return int(text)
+            except ValueError:
+                raise ConfigError(f"config key {key!r}: expected an integer, got {value!r}") from None
+        if kind is float:
+            try:
+                return float(text)
+            except ValueError:
+                raise ConfigError(f"config key {key!r}: expected a number, got {value!r}") from None
+        return text
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and isinstance(value, bool):
+        return "true" if value else "false"
+    if type(value) is not kind:
+        raise ConfigError(
+            f"config key {key!r}: expected {kind.__name__}, got {type(value).__name__} ({value!r})"
+        )
+    return value
+
+
+def _check_choice(key: str, value: Any) -> None:
+    choices = _CHOICES.get(key)
+    if choices is not None and value not in choices:
+        raise ConfigError(f"config key {key!r}: {value!r} is not one of {', '.join(choices)}")
+
+
+def _set(cfg: Config, key: str, value: Any, *, from_text: bool) -> None:
+    section_name, _, name = key.partition(".")
+    sections = _sections()
+    if section_name not in sections:
+        raise ConfigError(f"unknown config section {section_name!r} in key {key!r} (sections: {', '.join(sections)})")
+    section = getattr(cfg, section_name)
+    hints = typing.get_type_hints(type(section))
+    if name not in hints:
+        raise ConfigError(f"unknown config key {key!r} (known in {section_name}: {', '.join(hints)})")
+    kind = hints[name]
+    if isinstance(kind, types.UnionType):
+        raise ConfigError(f"config key {key!r} has an unsupported type {kind}")
+    coerced = _coerce(key, value, kind, from_text=from_text)
+    _check_choice(key, coerced)
+    setattr(section, name, coerced)
+
+
+def from_dict(data: dict[str, Any] | None, base: Config | None = None) -> Config:
+    """Build a Config from a nested mapping ``{section: {key: value}}``; unknown keys raise ConfigError."""
+    cfg = base if base is not None else Config()
+    if data is None:
+        return cfg
+    if not isinstance(data, dict):
+        raise ConfigError(f"config must be a mapping of sections, got {type(data).__name__}")
+    for section_name, values in data.items():
+        if section_name not in _sections():
+            raise ConfigError(f"unknown config section {section_name!r} (sections: {', '.join(_sections())})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section {section_name!r} must be a mapping, got {type(values).__name__}")
+        for name, value in values.items():
+            _set(cfg, f"{section_name}.{name}", value, from_text=False)
+    return cfg
+
+
+def load_yaml(path: str | Path, base: Config | None = None) -> Config:
+    """Read a YAML config file (sections → keys) on top of ``base`` (default: all defaults)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+    try:
+        return from_dict(data, base)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def resolve_key(key: str) -> str:
+    """Map ``section.key`` or a unique bare ``key`` (dashes allowed) to ``section.key``."""
+    key = key.replace("-", "_")
+    if "." in key:
+        return key
+    owners = [s for s, kind in _sections().items() if key in typing.get_type_hints(kind)]
+    if not owners:
+        raise ConfigError(f"unknown config key {key!r}")
+    if len(owners) > 1:
+        raise ConfigError(f"config key {key!r} is ambiguous; write one of {', '.join(f'{o}.{key}' for o in owners)}")
+    return f"{owners[0]}.{key}"
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply ``["--key", "value", "--section.key=value", ...]`` to ``cfg`` in place and return it."""
+    i = 0
+    while i < len(overrides):
+        token = overrides[i]
+        if not token.startswith("--"):
+            raise ConfigError(f"expected an option --key, got {token!r}")
+        body = token[2:]
+        if "=" in body:
+            key, value = body.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(overrides):
+                raise ConfigError(f"config key {body!r} has no value")
+            key, value = body, overrides[i + 1]
+            i += 2
+        _set(cfg, resolve_key(key), value, from_text=True)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults ← YAML file (if any) ← command-line overrides."""
+    cfg = load_yaml(path) if path else Config()
+    return apply_overrides(cfg, list(overrides or []))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (re-loadable with :func:`load_yaml`)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,175 @@
+"""Feature tables: a frozen encoder's embeddings of a prepared image dataset, as one parquet file.
+
+Columns: ``embedding`` (list<float32>, width D), ``label`` (int32), ``split`` (string), ``class_name`` and
+``source_id`` (strings, optional on read). The schema metadata key ``ncdlr`` holds JSON
+``{"num_known", "num_novel", "class_names", "encoder", "dataset"}``; tables from elsewhere without it
+are accepted, with Ks and K inferred from the labels of the ``known`` split and of all splits.
+
+:func:`embed_dataset` computes the table with Ray Data: the prepared shards are streamed, decoded with
+the eval transform and fed through ``map_batches`` to a pool of model actors (one frozen encoder each).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from .train_loop import FeatureSplits
+
+log = logging.getLogger(__name__)
+
+METADATA_KEY = b"ncdlr"
+
+
+def _filesystem(uri: str):
+    if uri.startswith("s3://"):
+        from ncdlr.data.storage import resolve
+
+        return resolve(uri)
+    return None, uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def read_feature_table(uri: str) -> FeatureSplits:
+    """Load a feature table (local path or s3://) into per-split tensors; errors name the URI and column."""
+    fs, path = _filesystem(uri)
+    try:
+        table = pq.read_table(path, filesystem=fs)
+    except (FileNotFoundError, OSError) as err:
+        raise FileNotFoundError(f"feature table {uri!r} cannot be read: {err}") from err
+    for column in ("embedding", "label", "split"):
+        if column not in table.column_names:
+            raise ValueError(f"feature table {uri!r} lacks column {column!r} (has {table.column_names})")
+    emb = table.column("embedding").combine_chunks()
+    if not pa.types.is_list(emb.type) and not pa.types.is_fixed_size_list(emb.type) and not pa.types.is_large_list(emb.type):
+        raise ValueError(f"feature table {uri!r}: column 'embedding' must be a list of floats, is {emb.type}")
+    lengths = set(pa.compute.list_value_length(emb).unique().to_pylist()) if len(emb) else set()
+    if len(lengths) > 1:
+        raise ValueError(f"feature table {uri!r}: embeddings have different widths {sorted(lengths)}")
+    dim = lengths.pop() if lengths else 0
+    x = np.asarray(emb.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(emb), dim)
+    y = table.column("label").to_numpy().astype(np.int64)
+    split = np.asarray(table.column("split").to_pylist())
+    meta = json.loads(table.schema.metadata[METADATA_KEY]) if table.schema.metadata and METADATA_KEY in table.schema.metadata else {}
+    for needed in ("known", "novel"):
+        if not (split == needed).any():
+            raise ValueError(f"feature table {uri!r} has no rows with split {needed!r}")
+    num_known = int(meta.get("num_known", y[split == "known"].max() + 1))
+    num_classes = int(meta.get("num_known", 0) + meta.get("num_novel", 0)) or int(y.max() + 1)
+    if (y[split == "known"] >= num_known).any() or (y[split == "novel"] < num_known).any():
+        raise ValueError(f"feature table {uri!r}: known labels must be 0..Ks-1 and novel labels Ks..K-1 (Ks={num_known})")
+    names = meta.get("class_names") or [str(i) for i in range(num_classes)]
+    features = {s: torch.from_numpy(x[split == s]) for s in np.unique(split)}
+    labels = {s: torch.from_numpy(y[split == s]) for s in np.unique(split)}
+    return FeatureSplits(features, labels, num_known, num_classes - num_known, list(names))
+
+
+def write_feature_table(uri: str, embeddings: np.ndarray, labels: np.ndarray, splits: list[str] | np.ndarray, *,
+                        num_known: int, num_novel: int, class_names: list[str] | None = None,
+                        source_ids: list[str] | None = None, extra: dict | None = None) -> None:
+    """Write ``embeddings [N, D]`` with labels/splits as a feature table (local path or s3://)."""
+    embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+    n, dim = embeddings.shape
+    columns = {
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), dim).cast(pa.list_(pa.float32())),
+        "label": pa.array(np.asarray(labels, dtype=np.int32)),
+        "split": pa.array([str(s) for s in splits]),
+    }
+    names = class_names or [str(i) for i in range(num_known + num_novel)]
+    columns["class_name"] = pa.array([names[int(label)] for label in labels])
+    if source_ids is not None:
+        columns["source_id"] = pa.array(list(source_ids))
+    meta = {"num_known": num_known, "num_novel": num_novel, "class_names": names, **(extra or {})}
+    table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()})
+    fs, path = _filesystem(uri)
+    if fs is None:
+        import os
+
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pq.write_table(table, path, filesystem=fs)
+
+
+class _EncoderActor:
+    """Ray Data ``map_batches`` callable: one frozen encoder per actor, ``image [n,3,H,W]`` → ``embedding [n,D]``."""
+
+    def __init__(self, encoder_name: str, pretrained: str, image_size: int):
+        from ncdlr.models import build_encoder
+
+        torch.set_num_threads(1)
+        self.encoder = build_encoder(encoder_name, pretrained=pretrained, trainable_blocks=0, image_size=image_size).eval()
+
+    def __call__(self, batch: dict) -> dict:
+        images = torch.as_tensor(np.asarray(batch["image"], dtype=np.float32))
+        with torch.inference_mode():
+            emb = self.encoder(images).float().numpy()
+        valid = np.asarray(batch.get("valid", np.ones(len(emb), dtype=bool)), dtype=bool)
+        return {"embedding": list(emb), "label": batch["label"], "split": batch["split"],
+                "source_id": batch["source_id"], "valid": valid}
+
+
+def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str = "", image_size: int = 224,
+                  batch_size: int = 64, num_actors: int = 1, splits: tuple[str, ...] = ("known", "novel", "val", "test")
+                  ) -> dict:
+    """Embed every split of a prepared dataset with a frozen encoder and write a feature table.
+
+    Returns ``{"rows", "bad_images", "seconds", "images_per_s"}``. Undecodable images are left out of the
+    table, counted and logged by ``source_id``.
+    """
+    from ray.data import ActorPoolStrategy
+
+    from ncdlr.data import manifest as manifest_mod
+    from ncdlr.data import pipeline
+    from ncdlr.models import build_encoder
+
+    manifest = manifest_mod.read_manifest(data_uri)
+    scaling = build_encoder(encoder, pretrained=pretrained, trainable_blocks=0, image_size=image_size).input_scaling
+    datasets = pipeline.load_splits(data_uri, [s for s in splits if manifest.split_counts.get(s, 0) > 0])
+    cfg = pipeline.PipelineConfig(image_size=image_size, scaling=scaling)
+    start = time.perf_counter()
+    parts = []
+    for name, ds in datasets.items():
+        ds = pipeline.eval_transform(ds, cfg)
+        parts.append(ds.map_batches(_EncoderActor, fn_constructor_args=(encoder, pretrained, image_size),
+                                    batch_size=batch_size, compute=ActorPoolStrategy(size=num_actors),
+                                    batch_format="numpy"))
+    rows = [row for part in parts for row in part.iter_rows()]
+    bad = [r["source_id"] for r in rows if not r["valid"]]
+    for source_id in bad:
+        log.warning("embed: undecodable image %s left out", source_id)
+    good = [r for r in rows if r["valid"]]
+    emb = np.stack([np.asarray(r["embedding"], dtype=np.float32) for r in good])
+    write_feature_table(out_uri, emb, np.array([r["label"] for r in good]), [r["split"] for r in good],
+                        num_known=manifest.num_known, num_novel=manifest.num_novel,
+                        class_names=[c.name for c in manifest.classes], source_ids=[r["source_id"] for r in good],
+                        extra={"encoder": encoder, "dataset": data_uri})
+    seconds = time.perf_counter() - start
+    return {"rows": len(good), "bad_images": len(bad), "seconds": seconds, "images_per_s": len(rows) / max(seconds, 1e-9)}
+
+
+def synthetic_features(num_known: int = 10, num_novel: int = 10, dim: int = 32, n_max: int = 120,
+                       ratio: float = 10.0, test_per_class: int = 10, noise: float = 0.6, seed: int = 0
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A long-tailed clustered feature set (for tests and benchmarks): ``(embeddings [N, D], labels [N], splits [N])``.
+
+    Class ``c`` is a random unit direction plus Gaussian noise of std ``noise / sqrt(D)`` per coordinate;
+    train counts follow ``n_max · ratio^(-r/(C-1))`` inside each half; ``test_per_class`` balanced test rows.
+    """
+    from ncdlr.data.longtail import long_tail_counts
+
+    rng = np.random.default_rng(seed)
+    k = num_known + num_novel
+    centres = rng.standard_normal((k, dim))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    counts = long_tail_counts(n_max, num_known, ratio) + long_tail_counts(n_max, num_novel, ratio)
+    xs, ys, ss = [], [], []
+    for c in range(k):
+        for split, n in (("known" if c < num_known else "novel", counts[c]), ("test", test_per_class)):
+            xs.append(centres[c] + rng.standard_normal((n, dim)) * noise / np.sqrt(dim))
+            ys.append(np.full(n, c))
+            ss += [split] * n
+    return np.concatenate(xs).astype(np.float32), np.concatenate(ys), np.array(ss)
