@@ -16,6 +16,7 @@ Two solvers compute the same truncated Sinkhorn:
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -77,6 +78,14 @@ def cluster_prior(t: Tensor, num_clusters: int) -> Tensor:
     ranks = torch.arange(num_clusters, dtype=t.dtype, device=t.device)
     log_tau = F.softplus(t)  # log(1 + e^t), stable for any t
     return torch.softmax(-ranks / (num_clusters - 1) * log_tau, dim=0)
+
+
+def rank_by_mass(log_mass: Tensor) -> Tensor:
+    """``[K]`` rank of each cluster by decreasing soft mass (rank 0 = largest; ties by index)."""
+    order = torch.argsort(log_mass, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0], device=order.device)
+    return rank
 
 
 def kl_from_uniform(w: Tensor) -> Tensor:
@@ -201,7 +210,7 @@ class AdaptiveSelfLabeler(nn.Module):
     def imbalance_factor(self) -> float:
         """``τ = w_max / w_min`` of the current prior (``1 + exp(t)`` for ``adaptive``)."""
         if self.prior == "adaptive":
-            return 1.0 + math.exp(float(self.t))
+            return 1.0 + math.exp(float(self.t.detach()))
         w = self.last_prior if self.prior != "fixed" else self.ranked_prior
         return float(w.max() / w.min().clamp_min(1e-30))
 
@@ -210,7 +219,7 @@ class AdaptiveSelfLabeler(nn.Module):
 
     def set_extra_state(self, state: dict) -> None:
         if self._optimizer is not None and state.get("optimizer"):
-            self._optimizer.load_state_dict(state["optimizer"])
+            self._optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never alias the source's momentum
 
     # -- the prior -------------------------------------------------------------------------
     def _column_marginal(self, rank_of_cluster: Tensor) -> Tensor:
@@ -239,9 +248,7 @@ class AdaptiveSelfLabeler(nn.Module):
         if scores.shape[0] == 0 or not torch.isfinite(scores).all():
             raise ValueError("scores must be a non-empty matrix of finite values")
         kernel = ScaledKernel.from_scores(scores.float(), self.eps)
-        order = torch.argsort(kernel.log_mass, descending=True, stable=True)
-        rank_of_cluster = torch.empty_like(order)
-        rank_of_cluster[order] = torch.arange(self.num_clusters)
+        rank_of_cluster = rank_by_mass(kernel.log_mass)
         with torch.enable_grad():
             if self._optimizer is None:
                 w = self._column_marginal(rank_of_cluster)

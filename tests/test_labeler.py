@@ -1,0 +1,146 @@
+"""Adaptive self-labeler: gradient, τ dynamics, priors, and pseudo-label quality (method.md §4.3-4.6)."""
+
+import pytest
+import torch
+
+from ncdlr.data.longtail import long_tail_counts
+from ncdlr.metrics import cluster_accuracy
+from ncdlr.ot import AdaptiveSelfLabeler, ScaledKernel, cluster_prior, rank_by_mass
+from ncdlr.prototypes import simplex_etf
+
+
+def long_tailed_scores(seed: int, num_clusters: int = 20, ratio: float = 50, noise: float = 1.2, dim: int = 32):
+    """Noisy cosines ``S = z Pᵀ`` of long-tailed clusters (sizes 400 → 400/ratio) around ETF prototypes."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = long_tail_counts(400, num_clusters, ratio)
+    labels = torch.cat([torch.full((n,), k) for k, n in enumerate(sizes)])
+    protos = simplex_etf(dim, num_clusters, seed=seed)
+    z = protos[:, labels].T + noise * torch.randn(len(labels), dim, generator=g) / dim**0.5
+    z = z / z.norm(dim=1, keepdim=True)
+    return z @ protos, labels, torch.tensor(sizes, dtype=torch.float32)
+
+
+def run(labeler: AdaptiveSelfLabeler, scores: torch.Tensor, calls: int = 30) -> torch.Tensor:
+    for _ in range(calls):
+        q = labeler(scores)
+    return q
+
+
+def pseudo_label_accuracy(q, labels) -> float:
+    return cluster_accuracy(labels.numpy(), q.argmax(1).numpy(), num_known=0)["all_inst"]
+
+
+def size_kl(q, sizes) -> float:
+    """KL(true sizes ‖ pseudo-label column sizes), both sorted descending."""
+    true = sizes / sizes.sum()
+    cols = torch.sort(q.sum(0) / q.sum(), descending=True).values
+    return float((true * torch.log(true / cols)).sum())
+
+
+def test_output_rows_are_detached_distributions():
+    scores, _, _ = long_tailed_scores(0)
+    q = AdaptiveSelfLabeler(20, gamma=5.0)(scores)
+    assert q.shape == scores.shape and not q.requires_grad
+    torch.testing.assert_close(q.sum(1), torch.ones(len(q)))
+
+
+def test_gradient_in_t_matches_finite_differences():
+    scores, _, _ = long_tailed_scores(1)
+    scores = scores.double()
+    labeler = AdaptiveSelfLabeler(20, gamma=3.0)
+    kernel = ScaledKernel.from_scores(scores, labeler.eps)
+    rank = rank_by_mass(kernel.log_mass)
+
+    def objective(t: torch.Tensor) -> torch.Tensor:
+        return labeler.objective(kernel, cluster_prior(t, 20)[rank])[0]
+
+    t = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(objective(t), t)
+    h = 1e-5
+    numeric = (objective(torch.tensor(0.3 + h, dtype=torch.float64)) - objective(torch.tensor(0.3 - h, dtype=torch.float64))) / (2 * h)
+    assert float(grad) == pytest.approx(float(numeric), rel=1e-5, abs=1e-10)
+
+
+def test_tau_moves_from_the_default_start_within_a_few_calls():
+    scores, _, _ = long_tailed_scores(2)
+    labeler = AdaptiveSelfLabeler(20, gamma=1.0)
+    start = labeler.imbalance_factor
+    assert start == pytest.approx(2.0)
+    run(labeler, scores, calls=3)
+    assert abs(labeler.imbalance_factor - start) > 0.1
+
+
+def test_large_gamma_recovers_the_uniform_prior():
+    scores, _, _ = long_tailed_scores(3)
+    adaptive = AdaptiveSelfLabeler(20, gamma=1e9)
+    q_adaptive = run(adaptive, scores, calls=20)
+    q_uniform = AdaptiveSelfLabeler(20, prior="uniform")(scores)
+    assert adaptive.imbalance_factor == pytest.approx(1.0, abs=1e-3)
+    torch.testing.assert_close(q_adaptive, q_uniform, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adaptive_prior_learns_the_tail_and_beats_the_uniform_prior(seed):
+    scores, labels, sizes = long_tailed_scores(seed)
+    uniform = AdaptiveSelfLabeler(20, prior="uniform")(scores)
+    adaptive_labeler = AdaptiveSelfLabeler(20, gamma=1.0)  # small γ for small K (method.md §4 trap a)
+    adaptive = run(adaptive_labeler, scores)
+    assert adaptive_labeler.imbalance_factor > 2.0
+    assert size_kl(adaptive, sizes) < size_kl(uniform, sizes)
+    assert pseudo_label_accuracy(adaptive, labels) > pseudo_label_accuracy(uniform, labels) + 0.05
+
+
+def test_fixed_true_prior_is_assigned_by_soft_mass_rank():
+    scores, labels, sizes = long_tailed_scores(4)
+    shuffled = sizes[torch.randperm(20, generator=torch.Generator().manual_seed(0))]
+    q = AdaptiveSelfLabeler(20, prior="fixed", fixed_prior=shuffled)(scores)
+    uniform = AdaptiveSelfLabeler(20, prior="uniform")(scores)
+    assert size_kl(q, sizes) < size_kl(uniform, sizes)
+    assert pseudo_label_accuracy(q, labels) > pseudo_label_accuracy(uniform, labels)
+
+
+def test_free_prior_learns_a_non_uniform_simplex_point():
+    scores, _, _ = long_tailed_scores(5)
+    labeler = AdaptiveSelfLabeler(20, prior="free", gamma=1.0)
+    run(labeler, scores, calls=10)
+    w = labeler.last_prior
+    torch.testing.assert_close(w.sum(), torch.tensor(1.0))
+    assert w.max() / w.min() > 1.5
+
+
+def test_state_dict_round_trip_restores_t_and_momentum():
+    scores, _, _ = long_tailed_scores(6)
+    a = AdaptiveSelfLabeler(20, gamma=2.0)
+    run(a, scores, calls=3)
+    b = AdaptiveSelfLabeler(20, gamma=2.0)
+    b.load_state_dict(a.state_dict())
+    assert b.imbalance_factor == a.imbalance_factor
+    torch.testing.assert_close(a(scores), b(scores))
+    assert a.imbalance_factor == b.imbalance_factor  # momentum restored too: identical next step
+
+
+def test_identical_inputs_give_identical_labels_and_tau():
+    scores, _, _ = long_tailed_scores(7)
+    a, b = AdaptiveSelfLabeler(20, gamma=2.0), AdaptiveSelfLabeler(20, gamma=2.0)
+    for _ in range(3):
+        assert torch.equal(a(scores), b(scores))
+    assert a.imbalance_factor == b.imbalance_factor
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prior": "zipf"}, "prior must be"),
+        ({"eps": 0.0}, "eps > 0"),
+        ({"prior": "fixed"}, "fixed_prior"),
+        ({"prior": "fixed", "fixed_prior": torch.ones(3)}, "fixed_prior"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AdaptiveSelfLabeler(20, **kwargs)
+
+
+def test_wrong_number_of_clusters_in_scores_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"expected scores \[N, 20\]"):
+        AdaptiveSelfLabeler(20)(torch.zeros(5, 19))

@@ -1,0 +1,50 @@
+"""Prototype losses (method.md §3)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ncdlr.losses import prototype_cross_entropy, prototype_mse
+from ncdlr.prototypes import simplex_etf
+
+
+def unit(n: int, d: int, seed: int = 0) -> torch.Tensor:
+    return F.normalize(torch.randn(n, d, generator=torch.Generator().manual_seed(seed)), dim=1)
+
+
+def test_mse_equals_two_minus_two_cosine_for_unit_vectors():
+    z, p = unit(16, 12), simplex_etf(12, 6)
+    y = torch.arange(16) % 6
+    expected = (2 - 2 * (z * p[:, y].T).sum(1)).mean()
+    torch.testing.assert_close(prototype_mse(z, p, y), expected)
+
+
+def test_one_hot_soft_targets_equal_hard_targets():
+    z, p = unit(10, 8), simplex_etf(8, 5)
+    y = torch.arange(10) % 5
+    torch.testing.assert_close(prototype_mse(z, p, F.one_hot(y, 5).float()), prototype_mse(z, p, y))
+    torch.testing.assert_close(prototype_cross_entropy(z, p, F.one_hot(y, 5).float()), prototype_cross_entropy(z, p, y))
+
+
+def test_soft_targets_average_the_squared_distances():
+    z, p = unit(4, 8), simplex_etf(8, 3)
+    q = torch.tensor([[0.5, 0.5, 0.0]] * 4)
+    expected = 0.5 * prototype_mse(z, p, torch.zeros(4, dtype=torch.long)) + 0.5 * prototype_mse(z, p, torch.ones(4, dtype=torch.long))
+    torch.testing.assert_close(prototype_mse(z, p, q), expected)
+
+
+def test_mse_is_zero_on_the_prototype_and_gradients_flow_to_z():
+    p = simplex_etf(8, 4)
+    z = p.T.clone().requires_grad_(True)
+    loss = prototype_mse(z, p, torch.arange(4))
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-6)
+    prototype_mse(z, p, torch.tensor([1, 2, 3, 0])).backward()
+    assert z.grad.abs().sum() > 0
+
+
+def test_bad_targets_are_clear_errors():
+    z, p = unit(4, 8), simplex_etf(8, 3)
+    with pytest.raises(ValueError, match=r"hard targets must lie in \[0, 3\)"):
+        prototype_mse(z, p, torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(ValueError, match=r"soft targets must be \[N, K\]"):
+        prototype_mse(z, p, torch.zeros(4, 5))
