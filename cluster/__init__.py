@@ -1,0 +1,1 @@
+"""Cluster launch files (config.yaml, kuberay/) and `simulate.py`, the one-machine multi-node check."""
