@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from .encoders import Encoder, PretrainedWeightsWarning, build_encoder
+from .encoders import Encoder, PretrainedWeightsWarning, build_encoder, input_scaling
 from .heads import Head, NCDModel, build_head
 
-__all__ = ["Encoder", "Head", "NCDModel", "PretrainedWeightsWarning", "build_encoder", "build_head", "build_model"]
+__all__ = ["Encoder", "Head", "NCDModel", "PretrainedWeightsWarning", "build_encoder", "build_head", "build_model",
+           "input_scaling"]
 
 
 def build_model(model_cfg, num_known: int, num_novel: int, image_size: int = 224) -> NCDModel:

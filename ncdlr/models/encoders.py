@@ -208,6 +208,11 @@ def _timm(name: str, pretrained: str) -> Encoder:
 _BUILTIN = ("efficientnet_lite0", "tiny_cnn", "identity")
 
 
+def input_scaling(name: str) -> str:
+    """Pixel scaling the encoder ``name`` expects: "lite" ((x-127)/128), "none" (features) or "imagenet"."""
+    return {"efficientnet_lite0": "lite", "identity": "none"}.get(name, "imagenet")
+
+
 def build_encoder(name: str, *, pretrained: str = "", trainable_blocks: int = 1, image_size: int = 224,
                   feature_dim: int = 0) -> Encoder:
     """Build an encoder by name and freeze all but its last ``trainable_blocks`` blocks.

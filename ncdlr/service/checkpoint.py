@@ -7,7 +7,8 @@ A checkpoint is one file ``state.pt`` holding only tensors, numbers, strings, li
 * ``optimizer`` (AdamW), ``scheduler`` (LambdaLR position), ``labeler`` (``t`` and its SGD state);
 * ``buffer``: the shared FIFO of novel logits (``LogitBuffer.state_dict()``) and ``step`` (global step of
   its last push);
-* ``rng``: per-rank torch (and CUDA) generator states; ``epoch`` (epochs completed); ``config``.
+* ``rng``: per-rank torch (and CUDA) generator states; ``epoch`` (epochs completed); ``config``;
+  ``metrics`` of the last epoch and ``tau_history`` (τ after every step, for the report).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any, labeler: nn.Module, buffer: dict | None, step: int, epoch: int,
-                    rng: list[dict[str, Any]], config: dict, metrics: dict[str, float] | None = None) -> Path:
+                    rng: list[dict[str, Any]], config: dict, metrics: dict[str, float] | None = None,
+                    tau_history: list[float] | None = None) -> Path:
     """Write ``directory/state.pt`` atomically (temp file then rename) and return its path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -81,6 +83,7 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
         "rng": rng,
         "config": config,
         "metrics": dict(metrics or {}),
+        "tau_history": [float(v) for v in (tau_history or [])],
     }
     tmp = directory / (FILENAME + ".tmp")
     torch.save(payload, tmp)
@@ -113,3 +116,31 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {name!r} has unknown format version {version!r} (expected {FORMAT_VERSION})")
     payload["source"] = name
     return payload
+
+
+def save_state(directory: str | Path, state, *, buffer: dict | None, rng: list[dict[str, Any]], config: dict,
+               metrics: dict[str, float] | None = None) -> Path:
+    """Checkpoint a :class:`~ncdlr.service.train_loop.WorkerState` (rank 0's model, shared labeler/buffer)."""
+    return save_checkpoint(directory, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler,
+                           labeler=state.labeler, buffer=buffer, step=state.step, epoch=state.epoch, rng=rng,
+                           config=config, metrics=metrics, tau_history=state.tau_history)
+
+
+def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
+    """Load a checkpoint ``payload`` into ``state`` in place; returns the buffer state to give the buffer.
+
+    Rank ``r`` gets its own saved RNG state when the checkpoint has one for it (same world size), else rank 0's.
+    """
+    source = payload.get("source", "checkpoint")
+    load_model_state(state.model, payload["model"], source)
+    state.model.to(state.device)
+    state.optimizer.load_state_dict(payload["optimizer"])
+    state.scheduler.load_state_dict(payload["scheduler"])
+    state.labeler.load_state_dict(payload["labeler"])
+    state.step = int(payload["step"])
+    state.epoch = int(payload["epoch"])
+    state.tau_history = list(payload.get("tau_history", []))
+    rng = payload.get("rng") or []
+    if rng:
+        set_rng_state(rng[rank] if rank < len(rng) else rng[0])
+    return payload.get("buffer")

@@ -36,7 +36,7 @@ class DataConfig:
     image_size: int = 224  #: crop size fed to the encoder
     crop_scale_min: float = 0.5  #: RandomResizedCrop lower scale bound for the two views
     feature_noise: float = 0.0  #: feature-table mode: std of Gaussian noise making the two "views"
-    max_steps_per_epoch: int = 0  #: 0 → a full pass over the novel split per epoch
+    max_steps_per_epoch: int = 0  #: feature-table mode: cap on steps per epoch; 0 → a full pass over the novel split
 
 
 @dataclass

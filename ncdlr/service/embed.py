@@ -97,58 +97,67 @@ def write_feature_table(uri: str, embeddings: np.ndarray, labels: np.ndarray, sp
 class _EncoderActor:
     """Ray Data ``map_batches`` callable: one frozen encoder per actor, ``image [n,3,H,W]`` → ``embedding [n,D]``."""
 
-    def __init__(self, encoder_name: str, pretrained: str, image_size: int):
+    def __init__(self, encoder_name: str, pretrained: str, image_size: int, threads: int):
         from ncdlr.models import build_encoder
 
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
         self.encoder = build_encoder(encoder_name, pretrained=pretrained, trainable_blocks=0, image_size=image_size).eval()
 
     def __call__(self, batch: dict) -> dict:
-        images = torch.as_tensor(np.asarray(batch["image"], dtype=np.float32))
-        with torch.inference_mode():
-            emb = self.encoder(images).float().numpy()
-        valid = np.asarray(batch.get("valid", np.ones(len(emb), dtype=bool)), dtype=bool)
-        return {"embedding": list(emb), "label": batch["label"], "split": batch["split"],
+        valid = np.asarray(batch["valid"], dtype=bool)
+        images = torch.as_tensor(np.ascontiguousarray(batch["image"], dtype=np.float32))
+        emb = np.zeros((len(valid), self.encoder.feature_dim), dtype=np.float32)
+        if valid.any():
+            with torch.inference_mode():
+                emb[valid] = self.encoder(images[torch.as_tensor(valid)]).float().numpy()
+        return {"embedding": emb, "label": batch["label"], "split": batch["split"],
                 "source_id": batch["source_id"], "valid": valid}
 
 
 def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str = "", image_size: int = 224,
-                  batch_size: int = 64, num_actors: int = 1, splits: tuple[str, ...] = ("known", "novel", "val", "test")
-                  ) -> dict:
-    """Embed every split of a prepared dataset with a frozen encoder and write a feature table.
+                  batch_size: int = 64, num_actors: int = 1, threads_per_actor: int = 1,
+                  splits: tuple[str, ...] = ("known", "novel", "val", "test"), endpoint_url: str | None = None) -> dict:
+    """Embed the given splits of a prepared dataset with a frozen encoder and write a feature table.
 
-    Returns ``{"rows", "bad_images", "seconds", "images_per_s"}``. Undecodable images are left out of the
-    table, counted and logged by ``source_id``.
+    Ray Data streams the shards, decodes with the eval transform (resize + centre crop, the encoder's
+    input scaling) and runs ``map_batches`` on a pool of ``num_actors`` model actors. Returns
+    ``{"rows", "bad_images", "seconds", "images_per_s"}``; undecodable images are left out of the table,
+    counted and logged by ``source_id``.
     """
     from ray.data import ActorPoolStrategy
 
-    from ncdlr.data import manifest as manifest_mod
     from ncdlr.data import pipeline
-    from ncdlr.models import build_encoder
+    from ncdlr.data.manifest import read_manifest
+    from ncdlr.models import input_scaling
 
-    manifest = manifest_mod.read_manifest(data_uri)
-    scaling = build_encoder(encoder, pretrained=pretrained, trainable_blocks=0, image_size=image_size).input_scaling
-    datasets = pipeline.load_splits(data_uri, [s for s in splits if manifest.split_counts.get(s, 0) > 0])
-    cfg = pipeline.PipelineConfig(image_size=image_size, scaling=scaling)
+    manifest = read_manifest(data_uri, endpoint_url)
+    present = [s for s in splits if manifest.split_counts.get(s, 0) > 0]
+    pipe = pipeline.PipelineConfig(image_size=image_size, scaling=input_scaling(encoder), batch_size=batch_size)
+    raw = pipeline.load_splits(data_uri, present, endpoint_url=endpoint_url)
     start = time.perf_counter()
-    parts = []
-    for name, ds in datasets.items():
-        ds = pipeline.eval_transform(ds, cfg)
-        parts.append(ds.map_batches(_EncoderActor, fn_constructor_args=(encoder, pretrained, image_size),
-                                    batch_size=batch_size, compute=ActorPoolStrategy(size=num_actors),
-                                    batch_format="numpy"))
-    rows = [row for part in parts for row in part.iter_rows()]
-    bad = [r["source_id"] for r in rows if not r["valid"]]
+    columns: dict[str, list] = {"embedding": [], "label": [], "split": [], "source_id": []}
+    bad: list[str] = []
+    for name in present:
+        ds = pipeline.with_eval_view(raw[name], pipe).map_batches(
+            _EncoderActor, fn_constructor_args=(encoder, pretrained, image_size, threads_per_actor),
+            batch_size=batch_size, compute=ActorPoolStrategy(size=num_actors), batch_format="numpy",
+            num_cpus=threads_per_actor)
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            valid = np.asarray(batch["valid"], dtype=bool)
+            bad += [str(s) for s, ok in zip(batch["source_id"], valid) if not ok]
+            columns["embedding"].append(np.asarray(batch["embedding"])[valid])
+            for key in ("label", "split", "source_id"):
+                columns[key] += [v for v, ok in zip(batch[key], valid) if ok]
     for source_id in bad:
         log.warning("embed: undecodable image %s left out", source_id)
-    good = [r for r in rows if r["valid"]]
-    emb = np.stack([np.asarray(r["embedding"], dtype=np.float32) for r in good])
-    write_feature_table(out_uri, emb, np.array([r["label"] for r in good]), [r["split"] for r in good],
-                        num_known=manifest.num_known, num_novel=manifest.num_novel,
-                        class_names=[c.name for c in manifest.classes], source_ids=[r["source_id"] for r in good],
+    emb = np.concatenate(columns["embedding"]) if columns["embedding"] else np.zeros((0, 1), np.float32)
+    write_feature_table(out_uri, emb, np.asarray(columns["label"]), columns["split"],
+                        num_known=manifest.num_known, num_novel=manifest.num_novel, class_names=manifest.class_names,
+                        source_ids=[str(s) for s in columns["source_id"]],
                         extra={"encoder": encoder, "dataset": data_uri})
     seconds = time.perf_counter() - start
-    return {"rows": len(good), "bad_images": len(bad), "seconds": seconds, "images_per_s": len(rows) / max(seconds, 1e-9)}
+    total = len(emb) + len(bad)
+    return {"rows": len(emb), "bad_images": len(bad), "seconds": seconds, "images_per_s": total / max(seconds, 1e-9)}
 
 
 def synthetic_features(num_known: int = 10, num_novel: int = 10, dim: int = 32, n_max: int = 120,

@@ -55,7 +55,6 @@ class PairedBatch:
     novel_view1: torch.Tensor
     novel_view2: torch.Tensor
     novel_valid: torch.Tensor  # [B] bool
-    novel_labels: torch.Tensor | None = None  # [B] ground truth, diagnostics only (never used for training)
 
 
 class Buffer(Protocol):
@@ -114,6 +113,7 @@ class WorkerState:
     step: int = 0  # global steps done
     epoch: int = 0  # epochs done
     tau_history: list[float] = field(default_factory=list)
+    forward: torch.nn.Module | None = None  # DDP wrapper of ``model`` when distributed, else None (use model)
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float):
@@ -194,7 +194,7 @@ def train_step(state: WorkerState, batch: PairedBatch, cfg: Config, buffer: Buff
     novel_valid = batch.novel_valid.to(device)
     use_amp = cfg.optim.amp and device.type == "cuda"
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-        z = model(x).float()
+        z = (state.forward or model)(x).float()
     zk1, zk2, zn1, zn2 = z.split(b)
     labels = batch.known_labels.to(device)
     if known_valid.any():
@@ -222,9 +222,6 @@ def train_step(state: WorkerState, batch: PairedBatch, cfg: Config, buffer: Buff
         "bad_images": float((~batch.known_valid).sum() + (~batch.novel_valid).sum()),
         "exchange_s": times["exchange"], "ot_s": times["ot"],
     }
-    if batch.novel_labels is not None:
-        stats["pseudo_top1"] = float(q[0].argmax(1).cpu()[batch.novel_valid].eq(
-            batch.novel_labels[batch.novel_valid] - model.num_known).float().sum())
     return stats
 
 
@@ -234,7 +231,6 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], cfg: Config, b
     times = StepTimes()
     sums: dict[str, float] = {}
     steps = 0
-    novel_rows = 0
     iterator: Iterator[PairedBatch] = iter(batches)
     start = time.perf_counter()
     while True:
@@ -251,7 +247,6 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], cfg: Config, b
         times.ot += stats["ot_s"]
         times.total += t2 - t0
         steps += 1
-        novel_rows += int(batch.novel_valid.sum())
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + value
         state.tau_history.append(stats["tau"])
@@ -259,10 +254,8 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], cfg: Config, b
             on_step(state, stats)
     state.epoch += 1
     elapsed = time.perf_counter() - start
-    out = {k: v / max(steps, 1) for k, v in sums.items() if k not in ("bad_images", "pseudo_top1")}
+    out = {k: v / max(steps, 1) for k, v in sums.items() if k != "bad_images"}
     out["bad_images"] = sums.get("bad_images", 0.0)
-    if "pseudo_top1" in sums:
-        out["pseudo_top1_raw"] = sums["pseudo_top1"] / max(novel_rows, 1)
     out.update(times.shares())
     out.update({"steps": float(steps), "steps_per_s": steps / max(elapsed, 1e-9), "epoch": float(state.epoch),
                 "tau": state.labeler.imbalance_factor, "lr": state.scheduler.get_last_lr()[0]})
@@ -333,7 +326,7 @@ def feature_batches(splits: FeatureSplits, cfg: Config, epoch: int, rank: int, w
         k1, k2 = views(known_x[ki])
         n1, n2 = views(novel_x[ni])
         yield PairedBatch(k1, k2, known_y[ki], torch.ones(b, dtype=torch.bool), n1, n2,
-                          torch.ones(b, dtype=torch.bool), novel_y[ni])
+                          torch.ones(b, dtype=torch.bool))
 
 
 @torch.no_grad()

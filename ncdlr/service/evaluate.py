@@ -1,0 +1,97 @@
+"""Evaluate a trained run on its test (or val) split and write the run report (method.md §5).
+
+Predictions are ``argmax_k z·p_k`` over all K classes; metrics come from
+:func:`ncdlr.metrics.cluster_accuracy` (one Hungarian matching over all classes; class-mean and instance
+accuracies; Head/Medium/Tail by training count), and :func:`ncdlr.service.report.write_run_report` writes
+``metrics.json``, ``predictions.parquet``, the plots and ``summary.md`` into the run directory. The checkpoint
+evaluated is the last epoch's (never selected on the test set).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import load_checkpoint, load_model_state
+from .config import Config, load_yaml
+
+log = logging.getLogger(__name__)
+
+
+def load_trained_model(cfg: Config, checkpoint: str, num_known: int, num_novel: int):
+    """Rebuild the model from ``cfg`` and load the checkpoint's trainable weights and buffers."""
+    from ncdlr.models import build_model
+
+    payload = load_checkpoint(checkpoint)
+    model = build_model(cfg.model, num_known, num_novel, image_size=cfg.data.image_size)
+    load_model_state(model, payload["model"], payload["source"])
+    return model.eval(), payload
+
+
+def _test_inputs(cfg: Config, split: str, model) -> tuple[list[torch.Tensor], np.ndarray, list[str] | None]:
+    """Eval batches, true labels and source ids of ``split`` (feature table or prepared image dataset)."""
+    if cfg.data.features:
+        from .embed import read_feature_table
+
+        splits = read_feature_table(cfg.data.features)
+        x = splits.features[split]
+        return list(x.split(cfg.data.eval_batch_size)), splits.labels[split].numpy(), None
+    from ncdlr.data import pipeline
+
+    from .trainer import pipeline_config
+
+    raw = pipeline.load_splits(cfg.data.uri, [split], endpoint_url=cfg.data.endpoint_url or None)[split]
+    ds = pipeline.with_eval_view(raw, pipeline_config(cfg, eval_mode=True))
+    inputs, labels, ids, bad = [], [], [], 0
+    for batch in ds.iter_batches(batch_size=cfg.data.eval_batch_size, batch_format="numpy"):
+        valid = np.asarray(batch["valid"], dtype=bool)
+        bad += int((~valid).sum())
+        inputs.append(torch.as_tensor(np.ascontiguousarray(batch["image"][valid])))
+        labels.append(np.asarray(batch["label"])[valid])
+        ids += [str(s) for s, ok in zip(batch["source_id"], valid) if ok]
+    if bad:
+        log.warning("evaluation: %d undecodable %s image(s) left out", bad, split)
+    return inputs, np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64), ids
+
+
+def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test") -> dict:
+    """Evaluate run ``run_dir`` (its ``config.yaml`` and ``checkpoint`` or ``checkpoint.txt``); write the report.
+
+    Returns the metrics dict written to ``metrics.json``.
+    """
+    from ncdlr.metrics import cluster_accuracy
+    from ncdlr.service.report import write_run_report
+
+    from .train_loop import predict
+    from .trainer import summarize_data
+
+    run_dir = Path(run_dir)
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} has no config.yaml (is it a training run?)")
+    cfg = load_yaml(config_file)
+    if not checkpoint:
+        pointer = run_dir / "checkpoint.txt"
+        if not pointer.is_file():
+            raise FileNotFoundError(f"run directory {str(run_dir)!r} has no checkpoint.txt; pass the checkpoint")
+        checkpoint = pointer.read_text().strip()
+    summary = summarize_data(cfg)
+    model, payload = load_trained_model(cfg, checkpoint, summary.num_known, summary.num_novel)
+    device = torch.device("cpu")
+    inputs, y_true, source_ids = _test_inputs(cfg, split, model)
+    if len(y_true) == 0:
+        raise ValueError(f"split {split!r} of the run's data is empty; nothing to evaluate")
+    y_pred = predict(model, inputs, device)
+    training = {f"train_{k}": float(v) for k, v in payload.get("metrics", {}).items() if isinstance(v, (int, float))}
+    metrics = write_run_report(
+        run_dir, y_true=y_true, y_pred=y_pred, num_known=summary.num_known, train_counts=summary.train_counts,
+        class_names=summary.class_names, tau_history=payload.get("tau_history", []), source_ids=source_ids,
+        extra_metrics={"split": split, "epochs": payload["epoch"], "steps": payload["step"], **training},
+    )
+    check = cluster_accuracy(y_true, y_pred, summary.num_known, summary.train_counts)
+    if abs(check["novel"] - metrics.get("novel", check["novel"])) > 1e-9:
+        log.warning("report's novel accuracy %.4f differs from cluster_accuracy %.4f", metrics.get("novel"), check["novel"])
+    return metrics
