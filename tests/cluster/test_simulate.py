@@ -1,0 +1,118 @@
+"""cluster/simulate.py: a real multi-node Ray cluster on this machine, jobs through the Ray Jobs API.
+
+The slow tests start `ray start --block` processes (a head and one worker node, 2 logical CPUs and a
+256 MiB object store each) and submit jobs with `JobSubmissionClient`, the path `ray job submit` takes.
+"""
+
+import importlib.util
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from cluster.simulate import (
+    MIN_OBJECT_STORE_BYTES,
+    NodeSpec,
+    SimulatedCluster,
+    SimulationError,
+    check_metrics,
+    main,
+    parse_probe,
+    probe_entrypoint,
+    training_entrypoint,
+)
+
+SMALL = NodeSpec(num_cpus=2, object_store_bytes=256 * 1024 * 1024)
+
+
+# ---------------------------------------------------------------- bad input, no cluster needed
+def test_node_spec_rejects_zero_cpus():
+    with pytest.raises(ValueError, match="num_cpus"):
+        NodeSpec(num_cpus=0)
+
+
+def test_node_spec_rejects_an_object_store_below_rays_minimum():
+    with pytest.raises(ValueError, match="object_store_bytes"):
+        NodeSpec(object_store_bytes=MIN_OBJECT_STORE_BYTES - 1)
+
+
+def test_cluster_needs_a_head():
+    with pytest.raises(ValueError, match="at least one NodeSpec"):
+        SimulatedCluster([])
+
+
+def test_missing_ray_cli_is_named(tmp_path):
+    missing = tmp_path / "bin" / "ray"
+    with pytest.raises(SimulationError, match=str(missing)):
+        SimulatedCluster([SMALL], ray_executable=missing)
+
+
+def test_cli_rejects_negative_worker_nodes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--probe", "--worker-nodes", "-1"])
+    assert "--worker-nodes" in capsys.readouterr().err
+
+
+def test_check_metrics_names_a_missing_file(tmp_path):
+    with pytest.raises(SimulationError, match=str(tmp_path / "metrics.json")):
+        check_metrics(tmp_path)
+
+
+def test_check_metrics_names_a_file_that_is_not_json(tmp_path):
+    (tmp_path / "metrics.json").write_text("{all: 0.5")
+    with pytest.raises(SimulationError, match="not valid JSON"):
+        check_metrics(tmp_path)
+
+
+def test_check_metrics_names_missing_keys(tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps({"all": 0.5, "known": 0.6}))
+    with pytest.raises(SimulationError, match=r"lacks keys \['novel'\]"):
+        check_metrics(tmp_path)
+
+
+def test_check_metrics_returns_the_metrics(tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps({"all": 0.5, "known": 0.6, "novel": 0.4, "tau": 3.0}))
+    assert check_metrics(tmp_path)["novel"] == 0.4
+
+
+def test_parse_probe_without_a_probe_line_is_an_error():
+    with pytest.raises(SimulationError, match="no PROBE line"):
+        parse_probe("Traceback (most recent call last):\n  ...")
+
+
+def test_entrypoints_quote_paths(tmp_path):
+    odd = tmp_path / "run dir"
+    assert shlex.split(training_entrypoint(odd, "--epochs 1")) == [
+        "python", "-m", "ncdlr.train_inat2k", "--output", str(odd), "--epochs", "1"]
+    assert shlex.split(probe_entrypoint(3))[-2:] == ["--run-probe", "3"]
+
+
+# ---------------------------------------------------------------- the real thing
+@pytest.mark.slow
+def test_jobs_reach_every_node_failures_are_reported_and_stop_leaves_nothing():
+    with SimulatedCluster([SMALL, SMALL]) as cluster:
+        probe = cluster.submit(probe_entrypoint(2), timeout_s=300)
+        failing = cluster.submit("python -c 'import sys; print(\"bad input\"); sys.exit(3)'", timeout_s=120)
+    assert probe.status == "SUCCEEDED", probe.logs
+    report = parse_probe(probe.logs)
+    assert report["alive_nodes"] == 2
+    assert report["cluster_resources"]["CPU"] == 4
+    assert report["cluster_resources"]["object_store_memory"] == 2 * SMALL.object_store_bytes
+    assert len(set(report["task_nodes"].values())) == 2  # one task ran on each node
+    assert failing.status == "FAILED"
+    assert "bad input" in failing.logs and "3" in failing.message
+    assert cluster.leftover_processes() == []
+
+
+@pytest.mark.slow
+def test_training_job_on_two_nodes_writes_metrics(tmp_path):
+    if importlib.util.find_spec("ncdlr.train_inat2k") is None:
+        pytest.skip("ncdlr.train_inat2k (issue 4) has not landed yet")
+    output = tmp_path / "run"
+    with SimulatedCluster([SMALL, SMALL]) as cluster:
+        result = cluster.submit(training_entrypoint(output), timeout_s=600)
+    assert result.status == "SUCCEEDED", result.logs[-5000:]
+    metrics = check_metrics(output)
+    assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
+    assert cluster.leftover_processes() == []
