@@ -264,3 +264,8 @@ def test_cli_table_without_novel_rows_is_rejected(tmp_path, capsys):
 def test_cli_bad_beta_is_rejected(feature_table, capsys):
     assert main(["estimate-k", "--features", str(feature_table), "--beta", "2"]) == 2
     assert "beta" in capsys.readouterr().err
+
+
+def test_cli_data_without_encoder_is_a_clear_error(tmp_path, capsys):
+    assert main(["estimate-k", "--data", str(tmp_path / "dataset")]) == 1
+    assert "--data needs --encoder" in capsys.readouterr().err

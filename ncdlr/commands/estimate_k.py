@@ -7,8 +7,8 @@ the class mean divides by Ks), and searches k in [0, k_max] with the paper's bis
 
 Input: --features URI, a parquet feature table (file or folder; local path, file:// or s3://) with columns
 embedding (list<float32>), label (int) and split (string: known | novel | val | test; only known and
-novel rows are used). --data URI --encoder NAME (a prepared image dataset) embeds it first with
-`ncdlr embed`.
+novel rows are used). --data URI --encoder NAME [--pretrained URI] embeds the known and novel splits of a
+prepared image dataset first (ncdlr.service.embed, Ray Data), as `ncdlr embed` does.
 
 What is approximated (and what is not):
   * The Ward tree is built ONCE and cut at every candidate k (exact: the same as re-clustering per k).
@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--features", metavar="URI", help="parquet feature table (embedding, label, split)")
     source.add_argument("--data", metavar="URI", help="prepared image dataset; embedded first with --encoder")
     parser.add_argument("--encoder", metavar="NAME", help="frozen encoder for --data (e.g. efficientnet_lite0)")
+    parser.add_argument("--pretrained", metavar="URI", default="",
+                        help="checkpoint of --encoder for --data (local path or s3://); see `ncdlr embed`")
     parser.add_argument("--k-max", type=int, default=None,
                         help="search k in [0, K_MAX]; default 2*Ks (at least 10). Set it above your guess.")
     parser.add_argument("--beta", type=float, default=0.5,
@@ -121,20 +123,19 @@ def read_feature_table(uri: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _features_from_dataset(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Embed a prepared dataset with ``ncdlr embed`` (the training service), then read the table."""
-    try:
-        from ncdlr.service import embed
-    except ImportError:
-        raise SystemExit(
-            "ncdlr estimate-k: --data needs `ncdlr embed`, which is not installed in this build; run "
-            "`ncdlr embed` on the dataset first and pass its table with --features URI") from None
-    if not args.encoder:
-        raise SystemExit("ncdlr estimate-k: --data needs --encoder NAME (the frozen encoder to embed with)")
+    """Embed a prepared dataset with the frozen ``--encoder`` (``ncdlr.service.embed``), then read the table."""
     import tempfile
 
+    from ncdlr.service.embed import embed_dataset
+
+    if not args.encoder:
+        raise ValueError("--data needs --encoder NAME (the frozen encoder to embed with)")
     with tempfile.TemporaryDirectory(prefix="ncdlr-estimate-k-") as tmp:
         table_uri = str(Path(tmp) / "features.parquet")
-        embed.embed_dataset(args.data, table_uri, encoder=args.encoder)
+        stats = embed_dataset(args.data, table_uri, encoder=args.encoder, pretrained=args.pretrained or "",
+                              splits=("known", "novel"))
+        print(f"embedded {stats['rows']} images with {args.encoder} in {stats['seconds']:.1f} s "
+              f"({stats['bad_images']} undecodable left out)")
         return read_feature_table(table_uri)
 
 
