@@ -98,39 +98,50 @@ def kl_from_uniform(w: Tensor) -> Tensor:
 class ScaledKernel:
     """The Gibbs kernel ``exp(S/ε)`` rescaled once per labeling call (shapes ``[N, K]``).
 
-    With ``c_k = log Σ_i exp(S_ik/ε)`` (log soft mass of cluster k) and
-    ``r_i = log Σ_k exp(S_ik/ε - c_k)``, the stored ``kernel = exp(S/ε - c - r)`` has entries ≤ 1,
-    rows summing to 1 and a column maximum ≥ 1/(N·K): no overflow, and no row or column vanishes in
-    float32 even at ``ε = 0.01``. Sinkhorn's scalings are rescaled by the same factors, so the plan is
-    unchanged: starting from a uniform ``u`` the first column update is exactly ``v ∝ w``.
+    The kernel is stored as ``kernel = exp(S/ε - m - r)`` (column maxima ``m``, row log-normalisers
+    ``r``): entries ≤ 1, rows sum to 1 and every column holds an entry ≥ 1/K, so nothing overflows and
+    no row or column vanishes in float32 even at ``ε = 0.01``. Sinkhorn's scaling vectors absorb the
+    same factors, so the plan is unchanged; the first column update from a uniform ``u`` is available
+    in closed form (``ṽ = w / column_mass``).
     """
 
     kernel: Tensor  # [N, K], detached
     weighted: Tensor  # [N, K], kernel ⊙ S, for the transport cost
-    log_mass: Tensor  # [K], c_k; clusters ranked by it (method.md §4.3)
+    column_mass: Tensor  # [K], Σ_i kernel_ik e^{r_i} = e^{c_k - m_k} ≥ 1: first column update is ṽ = w / column_mass
+    log_mass: Tensor  # [K], c_k = log Σ_i exp(S_ik/ε); clusters are ranked by it (method.md §4.3)
 
     @classmethod
     def from_scores(cls, scores: Tensor, eps: float) -> "ScaledKernel":
-        log_k = scores.detach() / eps
-        log_mass = torch.logsumexp(log_k, dim=0)
-        shifted = log_k - log_mass
-        kernel = torch.softmax(shifted, dim=1)  # exp(shifted - r)
-        return cls(kernel=kernel, weighted=kernel * scores.detach(), log_mass=log_mass)
+        """Rescale ``exp(S/ε)`` for ``scores [N, K]`` in five passes, in place where possible.
+
+        Columns are shifted by their maximum ``m_k`` and rows then normalised in the log domain, so
+        ``kernel = exp(S/ε - m - r)`` with ``r_i = log Σ_k exp(S_ik/ε - m_k)``: entries ≤ 1, rows sum to 1,
+        every column holds an entry ≥ 1/K. The log soft mass follows without another exp pass:
+        ``c_k = m_k + log Σ_i kernel_ik e^{r_i}``.
+        """
+        scores = scores.detach()
+        shifted = scores / eps
+        col_max = shifted.amax(dim=0)
+        shifted.sub_(col_max)
+        row_lse = torch.logsumexp(shifted, dim=1)
+        kernel = shifted.sub_(row_lse[:, None]).exp_()
+        column_mass = torch.exp(row_lse) @ kernel
+        return cls(kernel, kernel * scores, column_mass, col_max + torch.log(column_mass))
 
     def column_scaling(self, col_marginal: Tensor, n_iters: int) -> Tensor:
         """Rescaled column potential ``ṽ [K]`` after ``T`` Sinkhorn iterations (differentiable in ``w``)."""
         n = self.kernel.shape[0]
-        v = col_marginal
+        v = col_marginal / self.column_mass  # the first update from a uniform u, in closed form
         for it in range(n_iters):
             u = (1.0 / n) / (self.kernel @ v)
             if it + 1 < n_iters:
                 v = col_marginal / (self.kernel.T @ u)
         return v
 
-    def rows(self, v: Tensor) -> Tensor:
-        """``[N, K]`` row-normalised plan for the column potential ``v``."""
-        plan = self.kernel * v[None, :]
-        return plan / plan.sum(dim=1, keepdim=True)
+    def rows(self, v: Tensor, last: int | None = None) -> Tensor:
+        """Row-normalised plan for the column potential ``v``: ``[N, K]``, or its last ``last`` rows."""
+        kernel = self.kernel if last is None else self.kernel[-last:]
+        return (kernel * v[None, :]).div_((kernel @ v)[:, None])
 
     def transport_gain(self, v: Tensor) -> Tensor:
         """``mean_i Σ_k Q_ik S_ik`` for the row-normalised plan ``Q`` — two matvecs, no ``[N, K]`` temporaries."""
@@ -238,10 +249,13 @@ class AdaptiveSelfLabeler(nn.Module):
         value = -kernel.transport_gain(v) + self.gamma * kl_from_uniform(col_marginal) / self.num_clusters
         return value, v
 
-    def forward(self, scores: Tensor) -> Tensor:
+    def forward(self, scores: Tensor, last: int | None = None) -> Tensor:
         """Soft pseudo-labels for ``scores [N, K]`` (detached, float32, rows sum to 1).
 
-        Updates the learned prior in place (``L`` optimiser steps) unless the prior is fixed/uniform.
+        The transport problem is always solved over all ``N`` rows (buffer history + current batch);
+        ``last`` returns only the labels of the last ``last`` rows (the current batch), ``[last, K]``,
+        saving one ``[N, K]`` pass. Updates the learned prior in place (``L`` optimiser steps) unless
+        the prior is fixed/uniform.
         """
         if scores.ndim != 2 or scores.shape[1] != self.num_clusters:
             raise ValueError(f"expected scores [N, {self.num_clusters}], got {tuple(scores.shape)}")
@@ -263,4 +277,4 @@ class AdaptiveSelfLabeler(nn.Module):
                     self._optimizer.step()
         self.last_prior = w.detach()
         self.last_objective = float(value.detach())
-        return kernel.rows(v.detach()).detach()
+        return kernel.rows(v.detach(), last).detach()

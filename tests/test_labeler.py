@@ -144,3 +144,10 @@ def test_bad_configuration_is_a_clear_error(kwargs, message):
 def test_wrong_number_of_clusters_in_scores_is_a_clear_error():
     with pytest.raises(ValueError, match=r"expected scores \[N, 20\]"):
         AdaptiveSelfLabeler(20)(torch.zeros(5, 19))
+
+
+def test_last_returns_the_current_rows_of_the_same_solution():
+    scores, _, _ = long_tailed_scores(8)
+    full = AdaptiveSelfLabeler(20, gamma=2.0)(scores)
+    tail = AdaptiveSelfLabeler(20, gamma=2.0)(scores, last=64)
+    torch.testing.assert_close(tail, full[-64:])
