@@ -1,0 +1,75 @@
+"""Typed config: YAML + command-line overrides; every bad key or value is rejected with the key named."""
+
+from pathlib import Path
+
+import pytest
+
+from ncdlr.service.config import Config, ConfigError, apply_overrides, load_config, load_yaml, save_config
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+
+
+def test_yaml_sets_fields_and_overrides_win(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("labeler:\n  gamma: 7\nrun:\n  num_workers: 3\n")
+    cfg = load_config(path, ["--gamma", "9.5", "--run.num-workers=2", "--use_buffer", "false"])
+    assert cfg.labeler.gamma == 9.5 and isinstance(cfg.labeler.gamma, float)
+    assert cfg.run.num_workers == 2
+    assert cfg.labeler.use_buffer is False
+    assert cfg.optim.lr == Config().optim.lr
+
+
+def test_int_in_yaml_is_accepted_for_a_float_field(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1\n")
+    assert load_yaml(path).optim.lr == 1.0
+
+
+@pytest.mark.parametrize("text, key", [
+    ("labeler:\n  gama: 5\n", "labeler.gama"),
+    ("labelr:\n  gamma: 5\n", "labelr"),
+    ("run:\n  num_workers: two\n", "run.num_workers"),
+    ("run:\n  num_workers: 2.5\n", "run.num_workers"),
+    ("labeler:\n  use_buffer: 3\n", "labeler.use_buffer"),
+    ("model:\n  head: wide\n", "model.head"),
+    ("data: 5\n", "data"),
+])
+def test_bad_yaml_key_or_type_is_rejected_naming_the_key(tmp_path, text, key):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_yaml(path)
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--gama", "5"], "gama"),
+    (["--labeler.gamma", "high"], "labeler.gamma"),
+    (["--epochs"], "epochs"),
+    (["--lr", "0.1"], "lr"),  # in optim and labeler: ambiguous
+    (["gamma", "5"], "gamma"),
+])
+def test_bad_override_is_rejected_naming_the_key(args, key):
+    with pytest.raises(ConfigError, match=key):
+        apply_overrides(Config(), args)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_yaml(tmp_path / "nope.yaml")
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = apply_overrides(Config(), ["--gamma", "3", "--encoder", "tiny_cnn", "--use-gpu", "false"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_yaml(tmp_path / "config.yaml") == cfg
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_load(path):
+    cfg = load_yaml(path)
+    assert cfg.labeler.gamma > 0 and cfg.optim.epochs > 0
+
+
+def test_every_dataset_has_a_config():
+    assert {p.stem for p in CONFIGS} >= {"cifar100_lt", "imagenet100_lt", "herbarium19", "inat18_1k", "inat18_2k",
+                                          "openclipart", "demo"}

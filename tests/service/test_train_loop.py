@@ -1,0 +1,229 @@
+"""The per-worker loop as plain functions: global pseudo-labels, DDP ≡ single process, exact resume, checkpoints."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ncdlr.models import build_model
+from ncdlr.ot import AdaptiveSelfLabeler
+from ncdlr.service.checkpoint import CheckpointError, load_checkpoint, restore_state, rng_state, save_state
+from ncdlr.service.config import Config
+from ncdlr.service.embed import read_feature_table, synthetic_features, write_feature_table
+from ncdlr.service.train_loop import (
+    LocalBuffer, PairedBatch, build_worker_state, feature_batches, pseudo_labels, run_epoch, steps_per_epoch,
+    train_step,
+)
+
+KS, KU = 6, 6
+
+
+def small_config(batch_size: int = 8) -> Config:
+    cfg = Config()
+    cfg.model.encoder, cfg.model.head = "identity", "mlp"
+    cfg.data.batch_size = batch_size
+    cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 64
+    cfg.optim.epochs, cfg.optim.warmup_epochs = 3, 1
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    x, y, s = synthetic_features(num_known=KS, num_novel=KU, dim=12, n_max=40, ratio=5, test_per_class=4, seed=1)
+    path = tmp_path_factory.mktemp("features") / "table.parquet"
+    write_feature_table(str(path), x, y, s, num_known=KS, num_novel=KU)
+    return read_feature_table(str(path))
+
+
+def new_state(cfg: Config, splits, world: int = 1):
+    torch.manual_seed(cfg.run.seed)
+    cfg.model.feature_dim = splits.dim
+    model = build_model(cfg.model, splits.num_known, splits.num_novel)
+    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, world)
+    return build_worker_state(cfg, model, steps, torch.device("cpu"))
+
+
+# ---- the step ------------------------------------------------------------------------------------------------
+
+def test_a_step_gives_row_stochastic_labels_and_moves_tau(splits):
+    cfg = small_config()
+    state = new_state(cfg, splits)
+    buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+    metrics = run_epoch(state, feature_batches(splits, cfg, 0, 0, 1), cfg, buffer)
+    assert metrics["steps"] == steps_per_epoch(splits.features["novel"].shape[0], 8, 1)
+    assert state.labeler.imbalance_factor != pytest.approx(2.0)  # t starts at 0 (τ = 2) and moves
+    assert len(buffer.buffer) == cfg.labeler.buffer_size
+    assert 0 <= metrics["ot_share"] <= 1 and metrics["bad_images"] == 0
+
+
+def test_invalid_rows_are_left_out_of_the_ot_problem_and_counted():
+    torch.manual_seed(0)
+    scores = torch.randn(2, 6, KU).clamp(-1, 1)
+    valid = torch.tensor([True, False, True, True, False, True])
+    lab_a, lab_b = AdaptiveSelfLabeler(KU, gamma=5.0), AdaptiveSelfLabeler(KU, gamma=5.0)
+    q, _ = pseudo_labels(scores, valid, lab_a, None, 0, 0)
+    expected = lab_b(scores[:, valid].reshape(-1, KU)).view(2, -1, KU)
+    assert torch.allclose(q[:, valid], expected, atol=1e-6)
+    assert torch.all(q[:, ~valid] == 0)
+    assert torch.allclose(q[:, valid].sum(-1), torch.ones(2, 4), atol=1e-5)
+
+
+def test_bad_images_do_not_enter_the_losses(splits):
+    """Rows marked invalid (undecodable images, zero views) change nothing, whatever their content."""
+    cfg = small_config()
+    batch = next(feature_batches(splits, cfg, 0, 0, 1))
+    batch.known_valid[:3] = False
+    batch.novel_valid[-2:] = False
+    garbage = PairedBatch(**batch.__dict__)
+    for name in ("known_view1", "known_view2"):
+        setattr(garbage, name, getattr(batch, name).clone())
+        getattr(garbage, name)[:3] = 100.0
+    for name in ("novel_view1", "novel_view2"):
+        setattr(garbage, name, getattr(batch, name).clone())
+        getattr(garbage, name)[-2:] = -100.0
+    a, b = new_state(cfg, splits), new_state(cfg, splits)
+    stats_a, stats_b = train_step(a, batch, cfg, None), train_step(b, garbage, cfg, None)
+    assert stats_a["bad_images"] == 5
+    assert stats_a["loss"] == pytest.approx(stats_b["loss"], abs=1e-6)
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+# ---- distributed ≡ single process (gloo, two local processes, no Ray) -------------------------------------------
+
+def _ddp_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+
+        splits = read_feature_table(table)
+        cfg = small_config(batch_size=8)
+        state = new_state(cfg, splits, world)
+        state.forward = DistributedDataParallel(state.model)
+        buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+        taus = []
+        labels = []
+        for step, batch in enumerate(feature_batches(splits, cfg, 0, rank, world)):
+            if step == 4:
+                break
+            scores = torch.stack([state.model(batch.novel_view1) @ state.model.novel_prototypes,
+                                  state.model(batch.novel_view2) @ state.model.novel_prototypes]).detach()
+            labeler_copy = AdaptiveSelfLabeler(KU, gamma=5.0)
+            labeler_copy.load_state_dict(state.labeler.state_dict())
+            buffer_copy = LocalBuffer(cfg.labeler.buffer_size, KU)
+            buffer_copy.buffer.load_state_dict(buffer.buffer.state_dict()) if len(buffer.buffer) else None
+            q, _ = pseudo_labels(scores, batch.novel_valid, labeler_copy, buffer_copy, step, rank)
+            labels.append(q)
+            train_step(state, batch, cfg, buffer, rank)
+            taus.append(state.labeler.imbalance_factor)
+        torch.save({"taus": taus, "labels": labels, "model": state.model.state_dict(), "t": state.labeler.t.detach()},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(splits, tmp_path):
+    table = str(tmp_path / "table.parquet")
+    write_feature_table(table, torch.cat([splits.features[s] for s in ("known", "novel")]).numpy(),
+                        torch.cat([splits.labels[s] for s in ("known", "novel")]).numpy(),
+                        ["known"] * len(splits.labels["known"]) + ["novel"] * len(splits.labels["novel"]),
+                        num_known=KS, num_novel=KU)
+    from ncdlr.data.storage import free_port
+
+    mp.spawn(_ddp_worker, args=(2, table, free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert ranks[0]["taus"] == ranks[1]["taus"]  # identical τ on every rank, bit for bit
+
+    single = read_feature_table(table)
+    cfg = small_config(batch_size=16)
+    state = new_state(cfg, single, 1)
+    buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+    for step, batch in enumerate(feature_batches(single, cfg, 0, 0, 1)):
+        if step == 4:
+            break
+        scores = torch.stack([state.model(batch.novel_view1) @ state.model.novel_prototypes,
+                              state.model(batch.novel_view2) @ state.model.novel_prototypes]).detach()
+        labeler_copy = AdaptiveSelfLabeler(KU, gamma=5.0)
+        labeler_copy.load_state_dict(state.labeler.state_dict())
+        buffer_copy = LocalBuffer(cfg.labeler.buffer_size, KU)
+        if len(buffer.buffer):
+            buffer_copy.buffer.load_state_dict(buffer.buffer.state_dict())
+        q, _ = pseudo_labels(scores, batch.novel_valid, labeler_copy, buffer_copy, step, 0)
+        for rank in range(2):  # each rank's rows are its block of the single-process batch
+            assert torch.allclose(ranks[rank]["labels"][step], q[:, rank * 8:(rank + 1) * 8], atol=1e-5)
+        train_step(state, batch, cfg, buffer, 0)
+    assert ranks[0]["t"].item() == pytest.approx(state.labeler.t.item(), abs=1e-5)
+    for name, value in state.model.state_dict().items():
+        assert torch.allclose(ranks[0]["model"][name], value, atol=1e-5), name
+
+
+# ---- checkpoints and exact resume -------------------------------------------------------------------------------
+
+def _train(state, cfg, splits, buffer, epochs):
+    history = []
+    for _ in range(epochs):
+        metrics = run_epoch(state, feature_batches(splits, cfg, state.epoch, 0, 1), cfg, buffer)
+        history.append({k: metrics[k] for k in ("loss", "loss_s", "loss_u", "tau", "lr")})
+    return history
+
+
+def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path):
+    cfg = small_config()
+    full = new_state(cfg, splits)
+    full_buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+    full_history = _train(full, cfg, splits, full_buffer, 3)
+
+    first = new_state(cfg, splits)
+    first_buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+    history = _train(first, cfg, splits, first_buffer, 1)
+    save_state(tmp_path, first, buffer=first_buffer.state_dict(), rng=[rng_state()], config=cfg.to_dict())
+    torch.manual_seed(123)  # a restarted process has other RNG and init state
+    resumed = new_state(cfg, splits)
+    resumed_buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+    resumed_buffer.buffer.load_state_dict(restore_state(resumed, load_checkpoint(tmp_path)))
+    history += _train(resumed, cfg, splits, resumed_buffer, 2)
+
+    assert history == full_history
+    assert torch.equal(resumed_buffer.buffer.rows, full_buffer.buffer.rows)
+    assert torch.equal(resumed.labeler.t, full.labeler.t)
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert resumed.tau_history == full.tau_history
+
+
+def test_checkpoint_loads_with_weights_only(splits, tmp_path):
+    cfg = small_config()
+    state = new_state(cfg, splits)
+    buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+    _train(state, cfg, splits, buffer, 1)
+    path = save_state(tmp_path, state, buffer=buffer.state_dict(), rng=[rng_state()], config=cfg.to_dict())
+    payload = torch.load(path, weights_only=True)
+    assert payload["epoch"] == 1 and payload["step"] == state.step
+    assert "prototypes" in payload["model"] and "_extra_state" in str(payload["labeler"].keys())
+    assert payload["buffer"]["rows"].shape == (cfg.labeler.buffer_size, KU)
+
+
+def test_checkpoint_for_another_model_is_refused_naming_the_file(splits, tmp_path):
+    cfg = small_config()
+    state = new_state(cfg, splits)
+    save_state(tmp_path, state, buffer=None, rng=[rng_state()], config=cfg.to_dict())
+    other = Config()
+    other.model.encoder, other.model.head, other.model.feature_dim = "identity", "linear", splits.dim
+    model = build_model(other.model, KS, KU)
+    wrong = build_worker_state(other, model, 10, torch.device("cpu"))
+    with pytest.raises(CheckpointError, match="state.pt"):
+        restore_state(wrong, load_checkpoint(tmp_path))
+
+
+def test_unknown_checkpoint_version_is_refused(tmp_path):
+    torch.save({"format_version": 99}, tmp_path / "state.pt")
+    with pytest.raises(CheckpointError, match="format version 99"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing")
