@@ -10,6 +10,7 @@ Usage (from the repository root, with the project's virtual environment)::
 
     .venv/bin/python cluster/simulate.py                    # embedded-default training job, checks metrics.json
     .venv/bin/python cluster/simulate.py --probe            # checks that the job sees and uses every node
+    .venv/bin/python cluster/simulate.py --probe --auth token   # the same with Ray token auth, as in config.yaml
     .venv/bin/python cluster/simulate.py --entrypoint "python -m ncdlr.train_inat2k --help"
     .venv/bin/python cluster/simulate.py --train-args "--epochs 1"   # extra flags for the training job
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -111,6 +113,8 @@ class SimulatedCluster:
             cluster (and the job's `python`) use the same virtual environment.
         env: extra environment variables for every node process (and so for the job).
         start_timeout_s: how long to wait for all nodes to register.
+        auth_token: run the cluster with Ray token auth (RAY_AUTH_MODE=token, this token on every node), as
+            cluster/config.yaml does; requests from here carry it. None: auth disabled (127.0.0.1 only).
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class SimulatedCluster:
         ray_executable: Path | None = None,
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 120.0,
+        auth_token: str | None = None,
     ) -> None:
         if not nodes:
             raise ValueError("SimulatedCluster needs at least one NodeSpec (the head)")
@@ -133,6 +138,8 @@ class SimulatedCluster:
         self._owns_root = root_dir is None
         self.root_dir = Path(root_dir or tempfile.mkdtemp(prefix="ncdlr-sim-"))
         self.start_timeout_s = start_timeout_s
+        self.auth_token = auth_token
+        self.headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self.env = self._node_env(env or {})
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
@@ -225,7 +232,7 @@ class SimulatedCluster:
         """
         from ray.job_submission import JobSubmissionClient
 
-        client = JobSubmissionClient(self.dashboard_url)
+        client = JobSubmissionClient(self.dashboard_url, headers=self.headers)
         job_id = client.submit_job(
             entrypoint=entrypoint,
             runtime_env={"env_vars": {**DEFAULT_ENV, **(env_vars or {})}},
@@ -247,8 +254,13 @@ class SimulatedCluster:
     def _node_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         env = dict(os.environ)
         env.update(DEFAULT_ENV)
-        # A fresh `ray start` turns token auth on in Ray 2.60; the simulated cluster listens on 127.0.0.1 only.
-        env.setdefault("RAY_AUTH_MODE", "disabled")
+        # A fresh `ray start` turns token auth on in Ray 2.60 (and would then need a token): say which we want.
+        env.pop("RAY_AUTH_TOKEN_PATH", None)
+        if self.auth_token:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.auth_token)
+        else:
+            env["RAY_AUTH_MODE"] = "disabled"
+            env.pop("RAY_AUTH_TOKEN", None)
         env["PATH"] = f"{self.ray_executable.parent}{os.pathsep}{env.get('PATH', '')}"
         env.pop("RAY_ADDRESS", None)
         env.update(extra)
@@ -293,7 +305,8 @@ class SimulatedCluster:
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as resp:
+                request = urllib.request.Request(f"{self.dashboard_url}/api/version", headers=self.headers)
+                with urllib.request.urlopen(request, timeout=2) as resp:
                     if resp.status == 200:
                         return
             except OSError:
@@ -301,14 +314,17 @@ class SimulatedCluster:
         raise SimulationError(f"Ray dashboard at {self.dashboard_url} did not answer in {self.start_timeout_s} s")
 
     def _wait_for_nodes(self, count: int) -> None:
-        from ray.util.state import list_nodes
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
 
         deadline = time.monotonic() + self.start_timeout_s
         alive = 0
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                alive = sum(n.state == "ALIVE" for n in list_nodes(address=self.dashboard_url))
+                nodes = StateApiClient(self.dashboard_url, headers=self.headers).list(
+                    StateResource.NODES, options=ListApiOptions(), raise_on_missing_output=False)
+                alive = sum(node.state == "ALIVE" for node in nodes)
             except Exception:  # the state API answers only once the GCS and dashboard are up
                 alive = 0
             if alive >= count:
@@ -412,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpus-per-node", type=int, default=2, help="logical CPUs per node (default 2)")
     parser.add_argument("--object-store-mib", type=int, default=256, help="object store per node (default 256)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop the job after this long (default 900)")
+    parser.add_argument("--auth", choices=("token", "disabled"), default="disabled",
+                        help="token: Ray token auth with a fresh random token, as on a real cluster (default disabled)")
     args = parser.parse_args(argv)
 
     if args.run_probe is not None:
@@ -429,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         entrypoint = training_entrypoint(output, args.train_args)
 
-    with SimulatedCluster([spec] * (1 + args.worker_nodes)) as cluster:
+    token = secrets.token_hex(16) if args.auth == "token" else None
+    with SimulatedCluster([spec] * (1 + args.worker_nodes), auth_token=token) as cluster:
         print(f"cluster up: head + {args.worker_nodes} worker node(s); Jobs API at {cluster.dashboard_url}")
         print(f"submitting: {entrypoint}", flush=True)
         result = cluster.submit(entrypoint, timeout_s=args.timeout_s)

@@ -6,10 +6,13 @@ The slow tests start `ray start --block` processes (a head and one worker node, 
 
 import importlib.util
 import json
+import secrets
 import shlex
 from pathlib import Path
 
 import pytest
+from ray.exceptions import AuthenticationError
+from ray.job_submission import JobSubmissionClient
 
 from cluster.simulate import (
     MIN_OBJECT_STORE_BYTES,
@@ -91,9 +94,13 @@ def test_entrypoints_quote_paths(tmp_path):
 # ---------------------------------------------------------------- the real thing
 @pytest.mark.slow
 def test_jobs_reach_every_node_failures_are_reported_and_stop_leaves_nothing():
-    with SimulatedCluster([SMALL, SMALL]) as cluster:
+    """Token auth on, as cluster/config.yaml starts its nodes: the job and our client carry the token."""
+    with SimulatedCluster([SMALL, SMALL], auth_token=secrets.token_hex(16)) as cluster:
         probe = cluster.submit(probe_entrypoint(2), timeout_s=300)
         failing = cluster.submit("python -c 'import sys; print(\"bad input\"); sys.exit(3)'", timeout_s=120)
+        for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+            with pytest.raises(AuthenticationError):
+                JobSubmissionClient(cluster.dashboard_url, headers=headers).list_jobs()
     assert probe.status == "SUCCEEDED", probe.logs
     report = parse_probe(probe.logs)
     assert report["alive_nodes"] == 2
