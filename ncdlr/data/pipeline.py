@@ -1,0 +1,332 @@
+"""Ray Data streaming of a prepared dataset: rows → decoded, augmented views → paired batches per worker.
+
+Usage (driver, then inside each Ray Train worker)::
+
+    cfg = PipelineConfig(image_size=160, scaling="lite", batch_size=64)
+    datasets = build_datasets("s3://bucket/openclipart", cfg)           # {"known", "novel", "test"}
+    trainer = TorchTrainer(loop, datasets=datasets, dataset_config=train_data_config(cfg), ...)
+
+    # in loop():
+    batches = PairedBatches(ray.train.get_dataset_shard("known"), ray.train.get_dataset_shard("novel"),
+                            batch_size=cfg.batch_size)
+    for epoch in range(epochs):
+        bad_images = 0
+        for step in batches:                           # one epoch = one pass over this worker's novel rows
+            bad_images += len(step["bad_source_ids"])  # undecodable images, already dropped
+            known, novel = step["known"], step["novel"]   # view1/view2 [B,3,H,W] float32, label [B] int64
+
+Nothing is materialised: ``read_parquet`` streams the shards of the requested splits (each shard holds one
+split, see ``ncdlr.data.shards``), ``map_batches`` decodes on CPU tasks, and Ray Data's streaming executor
+keeps at most ``object_store_limit_bytes`` of blocks in flight (``train_data_config``).
+
+Epoch convention: a step pairs B known rows with B novel rows. One epoch is one pass over the worker's
+share of the NOVEL stream (the unlabelled data the method is about); the known stream is cycled — restarted
+whenever it runs out, and continued, not restarted, across epochs — so every novel row is seen once per
+epoch and known rows are seen in proportion. Ray Train splits each stream equally over workers, so all
+workers take the same number of steps (needed for DDP) and restart the known stream at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+from ray.data.collate_fn import NumpyBatchCollateFn
+from ray.data.expressions import col
+
+from ncdlr.data.manifest import Manifest, read_manifest
+from ncdlr.data.records import SPLITS
+from ncdlr.data.shards import SCHEMA, check_shard, shard_paths
+from ncdlr.data.storage import client_env, is_s3, join, resolve, with_retries
+from ncdlr.data.transforms import EvalView, TrainViews, split_valid
+
+log = logging.getLogger(__name__)
+
+VERIFY_MODES = ("none", "size", "checksum")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How images become model inputs, and how much of them is in flight.
+
+    Sizes in pixels; ``batch_size`` is B, rows of EACH stream (known and novel) per step per worker.
+    """
+
+    image_size: int = 224  # crop side of every view
+    crop_scale: tuple[float, float] = (0.5, 1.0)  # RandomResizedCrop area fraction
+    hflip_prob: float = 0.5
+    scaling: str = "imagenet"  # "imagenet" (mean/std) | "lite" ((x-127)/128, efficientnet_lite0)
+    eval_resize: int | None = None  # eval short side; None → image_size·256/224
+    batch_size: int = 64  # B known + B novel rows per step per worker
+    decode_batch_size: int = 32  # rows per map_batches call (one decode task's unit of work)
+    decode_num_cpus: float = 1.0  # logical CPUs per decode task
+    prefetch_batches: int = 2  # batches each worker prefetches per stream
+    object_store_limit_bytes: int | None = 512 * 1024**2  # Ray Data blocks in flight per dataset; None = Ray's default
+    verify: str = "size"  # shard check on load: "none" | "size" (size + row count) | "checksum" (SHA-256)
+    augment_seed: int | None = None  # None: fresh entropy per batch; int: reproducible views (tests)
+
+    def __post_init__(self) -> None:
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"PipelineConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+        if self.batch_size < 1 or self.decode_batch_size < 1 or self.image_size < 8:
+            raise ValueError("PipelineConfig: batch_size, decode_batch_size >= 1 and image_size >= 8 required")
+        self.train_views()  # validates scaling and crop_scale
+        self.eval_view()
+
+    def train_views(self) -> TrainViews:
+        return TrainViews(size=self.image_size, crop_scale=tuple(self.crop_scale), hflip_prob=self.hflip_prob,
+                          scaling=self.scaling, seed=self.augment_seed)
+
+    def eval_view(self) -> EvalView:
+        return EvalView(size=self.image_size, resize=self.eval_resize, scaling=self.scaling)
+
+
+# ------------------------------------------------------------------------------------------ reading rows
+
+
+def _read_parquet(paths: list[str], fs: pafs.FileSystem, columns: list[str] | None, uri: str):
+    import ray.data
+
+    extra: dict[str, Any] = {}
+    if is_s3(uri):
+        # The AWS SDK reads its checksum settings from the process environment only: read tasks must carry them.
+        extra["runtime_env"] = {"env_vars": client_env()}
+    dataset = ray.data.read_parquet(paths, filesystem=fs, partitioning=None, file_extensions=None, **extra)
+    return dataset.select_columns(columns) if columns is not None else dataset
+
+
+def _verify(uri: str, manifest: Manifest, splits: Sequence[str], mode: str, endpoint_url: str | None) -> None:
+    if mode == "none":
+        return
+    fs, base = resolve(uri, endpoint_url)
+    for shard in manifest.shards:
+        if shard.split in splits:
+            check_shard(fs, join(base, shard.path), shard, join(uri, shard.path), checksum=mode == "checksum")
+
+
+def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
+                endpoint_url: str | None = None) -> dict[str, Any]:
+    """One lazy ``ray.data.Dataset`` of raw rows (``image`` bytes, ``label``, ``split``, ``class_name``,
+    ``source_id``) per requested split of the prepared dataset at ``uri``.
+
+    Reads only the shards of those splits; nothing is materialised. ``verify`` checks the shards against
+    the manifest first: ``"size"`` (object size and parquet row count: one listing and one footer read per
+    shard), ``"checksum"`` (SHA-256 of every shard: reads them all once), ``"none"``. Raises the
+    ``StorageError``/``DatasetFormatError`` naming the bad URI or file, and ``ValueError`` for a split the
+    dataset does not have.
+    """
+    splits = list(split_names)
+    if unknown := [s for s in splits if s not in SPLITS]:
+        raise ValueError(f"unknown split(s) {unknown}; splits are {SPLITS}")
+    manifest = read_manifest(uri, endpoint_url)
+    empty = [s for s in splits if manifest.split_counts.get(s, 0) == 0]
+    if empty:
+        raise ValueError(f"{uri}: split(s) {empty} hold no rows (the dataset has {manifest.split_counts})")
+    _verify(uri, manifest, splits, verify, endpoint_url)
+    datasets = {}
+    for split in splits:
+        fs, paths = shard_paths(uri, manifest, [split], endpoint_url)
+        datasets[split] = _read_parquet(paths, fs, SCHEMA.names, uri)
+    return datasets
+
+
+def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
+    """Rows → ``view1``, ``view2`` (float32 ``[3,H,W]``), ``label``, ``split``, ``class_name``, ``source_id``,
+    ``valid`` (False for an undecodable image, whose views are zeros)."""
+    return dataset.map_batches(cfg.train_views(), batch_size=cfg.decode_batch_size, batch_format="numpy",
+                               num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
+
+
+def with_eval_view(dataset: Any, cfg: PipelineConfig) -> Any:
+    """Rows → ``image`` (float32 ``[3,H,W]``, deterministic resize + centre crop), the label columns, ``valid``."""
+    return dataset.map_batches(cfg.eval_view(), batch_size=cfg.decode_batch_size, batch_format="numpy",
+                               num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
+
+
+def build_datasets(uri: str, cfg: PipelineConfig, *, train_splits: Sequence[str] = ("known", "novel"),
+                   eval_splits: Sequence[str] = ("test",), endpoint_url: str | None = None) -> dict[str, Any]:
+    """``load_splits`` + the training transform on ``train_splits`` and the eval transform on ``eval_splits``
+    (a split may be in both: its eval version is keyed ``"<split>_eval"``)."""
+    wanted = list(dict.fromkeys([*train_splits, *eval_splits]))
+    raw = load_splits(uri, wanted, verify=cfg.verify, endpoint_url=endpoint_url)
+    out = {split: with_train_views(raw[split], cfg) for split in train_splits}
+    for split in eval_splits:
+        out[f"{split}_eval" if split in train_splits else split] = with_eval_view(raw[split], cfg)
+    return out
+
+
+def train_data_config(cfg: PipelineConfig, datasets_to_split: Sequence[str] | str = ("known", "novel")) -> Any:
+    """``ray.train.DataConfig`` that splits the training streams equally over workers and caps each
+    dataset's in-flight object-store memory at ``cfg.object_store_limit_bytes``."""
+    import ray.train
+    from ray.data import ExecutionOptions, ExecutionResources
+
+    options = ExecutionOptions()
+    if cfg.object_store_limit_bytes is not None:
+        options.resource_limits = ExecutionResources.for_limits(object_store_memory=cfg.object_store_limit_bytes)
+    split = datasets_to_split if isinstance(datasets_to_split, str) else list(datasets_to_split)
+    return ray.train.DataConfig(datasets_to_split=split, execution_options=options)
+
+
+# ------------------------------------------------------------------------------------------ feature tables
+
+FEATURE_COLUMNS = ("embedding", "label", "split")
+
+
+def _feature_files(uri: str, endpoint_url: str | None) -> tuple[pafs.FileSystem, list[str]]:
+    fs, path = resolve(uri, endpoint_url)
+    info = with_retries(lambda: fs.get_file_info(path), uri)
+    if info.type == pafs.FileType.File:
+        return fs, [path]
+    if info.type == pafs.FileType.NotFound:
+        from ncdlr.data.storage import ObjectNotFoundError
+
+        raise ObjectNotFoundError(uri, "feature table not found")
+    selector = pafs.FileSelector(path, recursive=True)
+    files = sorted(f.path for f in with_retries(lambda: fs.get_file_info(selector), uri)
+                   if f.type == pafs.FileType.File and f.path.endswith(".parquet"))
+    if not files:
+        raise ValueError(f"{uri}: no .parquet files in this feature-table directory")
+    return fs, files
+
+
+def _stack_embeddings(batch: dict[str, Any]) -> dict[str, Any]:
+    """``embedding``: list<float32> per row → float32 ``[N, D]``."""
+    emb = batch["embedding"]
+    if emb.dtype == object:
+        emb = np.stack(emb)
+    batch["embedding"] = np.ascontiguousarray(emb, dtype=np.float32)
+    return batch
+
+
+def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "test"), *,
+                       endpoint_url: str | None = None) -> dict[str, Any]:
+    """Feature-table mode: a parquet file or directory with ``embedding`` (list<float32>, one D-vector per
+    image), ``label`` (int), ``split`` (string) and optionally ``class_name``/``source_id``.
+
+    Returns one lazy Dataset per requested split, rows filtered by ``split`` at read time, ``embedding``
+    as float32 ``[D]`` per row. Raises ``ValueError`` naming the file whose schema lacks a column or whose
+    ``embedding`` is not a list of floats.
+    """
+    fs, files = _feature_files(uri, endpoint_url)
+    schema = pads.dataset(files[0], filesystem=fs, format="parquet").schema
+    where = f"{uri.rstrip('/')}" if len(files) == 1 else join(uri, files[0].rsplit("/", 1)[-1])
+    missing = [c for c in FEATURE_COLUMNS if c not in schema.names]
+    if missing:
+        raise ValueError(f"{where}: feature table lacks column(s) {missing} (needs {list(FEATURE_COLUMNS)})")
+    emb_type = schema.field("embedding").type
+    if not (pa.types.is_list(emb_type) or pa.types.is_large_list(emb_type) or pa.types.is_fixed_size_list(emb_type)) \
+            or not pa.types.is_floating(emb_type.value_type):
+        raise ValueError(f"{where}: column 'embedding' must be list<float32>, found {emb_type}")
+    columns = [c for c in (*FEATURE_COLUMNS, "class_name", "source_id") if c in schema.names]
+    out = {}
+    for split in splits:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; splits are {SPLITS}")
+        ds = _read_parquet(files, fs, columns, uri).filter(expr=col("split") == split)  # pushed into the read
+        out[split] = ds.map_batches(_stack_embeddings, batch_format="numpy", zero_copy_batch=False)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- paired batches
+
+
+def to_torch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """numpy batch → numeric columns as torch tensors (zero-copy where writable), string columns as lists."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        value = np.asarray(value)
+        if key == "label":
+            out[key] = torch.from_numpy(value.astype(np.int64))  # class indices as torch losses expect them
+        elif value.dtype.kind in "biuf":
+            out[key] = torch.from_numpy(np.require(value, requirements=["W", "C"]))
+        else:
+            out[key] = [str(v) for v in value]
+    return out
+
+
+class ToTorch(NumpyBatchCollateFn):
+    """``to_torch`` as the collate function of ``iter_torch_batches`` (runs in Ray's prefetch threads)."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        return to_torch(batch)
+
+
+class PairedBatches:
+    """B known + B novel rows per step from two per-worker streams (``DataIterator``s or Datasets).
+
+    Iterating the object runs one epoch: one pass over the novel stream. The known stream cycles and
+    carries over between epochs (see the module docstring). Each step is a dict::
+
+        {"known": {...}, "novel": {...}, "bad_source_ids": [...]}
+
+    where each side holds the decoded columns as torch tensors (``view1``/``view2`` ``[b,3,H,W]`` float32,
+    ``label`` ``[b]`` int64, ``valid`` dropped) and ``source_id`` as a list; ``b`` ≤ B: undecodable rows are
+    removed and their ``source_id``s listed in ``bad_source_ids`` (count them as ``bad_images``).
+    Works the same for feature tables (``embedding`` ``[b, D]``; nothing to drop).
+    """
+
+    def __init__(self, known: Any, novel: Any, batch_size: int, *, device: Any = None, prefetch_batches: int = 2,
+                 local_shuffle_buffer_size: int | None = None) -> None:
+        self.known = known
+        self.novel = novel
+        self.batch_size = batch_size
+        self.device = device
+        self.prefetch_batches = prefetch_batches
+        self.local_shuffle_buffer_size = local_shuffle_buffer_size
+        self._known_stream: Iterator[dict[str, Any]] | None = None
+        self.epochs_of_known = 0  # completed passes over the known stream
+
+    def _batches(self, stream: Any) -> Iterator[dict[str, Any]]:
+        return stream.iter_torch_batches(batch_size=self.batch_size, drop_last=True, collate_fn=ToTorch(),
+                                         prefetch_batches=self.prefetch_batches,
+                                         local_shuffle_buffer_size=self.local_shuffle_buffer_size)
+
+    def _cycle_known(self) -> Iterator[dict[str, Any]]:
+        while True:
+            produced = 0
+            for batch in self._batches(self.known):
+                produced += 1
+                yield batch
+            if produced == 0:
+                raise ValueError(f"the known stream holds fewer than batch_size={self.batch_size} rows on this "
+                                 "worker: lower the batch size or use fewer workers")
+            self.epochs_of_known += 1
+
+    def _prepare(self, batch: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        batch, bad = split_valid(batch)
+        batch.pop("valid", None)
+        if self.device is not None:
+            batch = {k: v.to(self.device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+        return batch, bad
+
+    def close(self) -> None:
+        """Stop the known stream (its prefetch threads) before the end of training."""
+        if self._known_stream is not None:
+            self._known_stream.close()
+            self._known_stream = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._known_stream is None:
+            self._known_stream = self._cycle_known()
+        for novel in self._batches(self.novel):
+            known, bad_known = self._prepare(next(self._known_stream))
+            novel, bad_novel = self._prepare(novel)
+            bad = bad_known + bad_novel
+            if bad:
+                log.warning("dropped %d undecodable image(s): %s", len(bad), ", ".join(bad))
+            yield {"known": known, "novel": novel, "bad_source_ids": bad}
+
+
+def iter_paired_batches(known_shard: Any, novel_shard: Any, batch_size: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """One epoch of ``PairedBatches(known_shard, novel_shard, batch_size, **kwargs)``; for several epochs keep
+    one ``PairedBatches`` object so the known stream carries over."""
+    return iter(PairedBatches(known_shard, novel_shard, batch_size, **kwargs))

@@ -1,0 +1,222 @@
+"""Decode and augment encoded images into the model's input views: plain functions on numpy batches.
+
+``TrainViews`` turns each image into two independently augmented views (RandomResizedCrop with area scale
+``crop_scale`` and aspect ratio 3/4–4/3, horizontal flip, normalisation); ``EvalView`` into one deterministic
+view (resize the short side to ``resize`` px, centre crop ``size``). Both work on a batch dict with an
+``image`` column of encoded bytes, as ``ray.data.Dataset.map_batches`` hands it over, and can be called on
+their own (tests, notebooks, a DataLoader).
+
+An image that cannot be decoded never raises: its row comes out with ``valid=False`` and all-zero views, so
+the consumer can count it and log its ``source_id`` (``split_valid``); nothing is dropped silently.
+
+Normalisation (``scaling``): ``"imagenet"`` → ``(x/255 − mean)/std`` with the ImageNet mean/std (timm and
+torchvision encoders); ``"lite"`` → ``(x − 127)/128`` on the 0–255 value (efficientnet_lite0's training input).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+SCALINGS = ("imagenet", "lite")
+CROP_RATIO = (3 / 4, 4 / 3)
+
+Batch = dict[str, Any]
+
+
+def decode_rgb(data: bytes, min_side: int | None = None) -> Image.Image | None:
+    """Decode encoded bytes to an RGB ``PIL.Image``; ``None`` when they are not a readable image.
+
+    ``min_side``: let the JPEG decoder skip detail the crop will throw away (DCT scaling, ``Image.draft``),
+    keeping both sides ≥ ``min_side``. Transparent images are flattened onto white.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+        if min_side is not None and image.format == "JPEG":
+            image.draft("RGB", (min_side, min_side))
+        image.load()  # decode now: truncated/corrupt data raises here, not later
+        if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+            rgba = image.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, rgba).convert("RGB")
+        return image.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return None
+
+
+def _scale_and_shift(scaling: str) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, shift) such that normalised = uint8_value * scale + shift, per channel, shape [3, 1, 1]."""
+    if scaling == "imagenet":
+        std = np.array(IMAGENET_STD, dtype=np.float32) * 255.0
+        mean = np.array(IMAGENET_MEAN, dtype=np.float32) * 255.0
+        return (1.0 / std).reshape(3, 1, 1), (-mean / std).reshape(3, 1, 1)
+    if scaling == "lite":
+        return np.full((3, 1, 1), 1 / 128, np.float32), np.full((3, 1, 1), -127 / 128, np.float32)
+    raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+
+
+def normalise(pixels: np.ndarray, scaling: str) -> np.ndarray:
+    """uint8 ``[N, H, W, 3]`` → float32 ``[N, 3, H, W]`` with the chosen normalisation."""
+    scale, shift = _scale_and_shift(scaling)
+    chw = pixels.transpose(0, 3, 1, 2).astype(np.float32)
+    return chw * scale + shift
+
+
+def random_resized_crop_box(width: int, height: int, scale: tuple[float, float], rng: np.random.Generator,
+                            ratio: tuple[float, float] = CROP_RATIO) -> tuple[int, int, int, int]:
+    """The box (left, top, right, bottom) of torchvision's ``RandomResizedCrop`` parameter draw: area
+    fraction uniform in ``scale``, aspect ratio log-uniform in ``ratio``, 10 tries, then a centre crop of
+    the nearest allowed ratio. Drawn from ``rng`` (not torch's global generator, which starts from the same
+    seed in every Ray worker process and would give every worker the same crops)."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            left = int(rng.integers(0, width - w + 1))
+            top = int(rng.integers(0, height - h + 1))
+            return left, top, left + w, top + h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        w, h = int(round(height * ratio[1])), height
+    else:
+        w, h = width, height
+    left, top = (width - w) // 2, (height - h) // 2
+    return left, top, left + w, top + h
+
+
+@dataclass(frozen=True)
+class TrainViews:
+    """Two augmented views per image: ``view1``, ``view2`` float32 ``[N, 3, size, size]``.
+
+    ``seed=None`` draws fresh OS entropy for every batch (the default for training); an int makes the
+    views of a given batch reproducible (tests).
+    """
+
+    size: int = 224
+    crop_scale: tuple[float, float] = (0.5, 1.0)
+    hflip_prob: float = 0.5
+    scaling: str = "imagenet"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _scale_and_shift(self.scaling)
+        if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
+
+    def _view(self, image: Image.Image, rng: np.random.Generator) -> np.ndarray:
+        box = random_resized_crop_box(image.width, image.height, self.crop_scale, rng)
+        view = image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=box)
+        if rng.random() < self.hflip_prob:
+            view = view.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return np.asarray(view)
+
+    def __call__(self, batch: Batch) -> Batch:
+        """``batch["image"]``: N encoded images → the batch without ``image``, plus ``view1``, ``view2``,
+        ``valid`` (bool ``[N]``)."""
+        rng = np.random.default_rng(self.seed)
+        images = batch["image"]
+        n = len(images)
+        pixels = np.zeros((2, n, self.size, self.size, 3), np.uint8)
+        valid = np.zeros(n, dtype=bool)
+        min_side = int(math.ceil(self.size / math.sqrt(self.crop_scale[0])))  # smallest crop keeps full detail
+        for i, data in enumerate(images):
+            image = decode_rgb(data, min_side=min_side)
+            if image is None:
+                continue
+            valid[i] = True
+            pixels[0, i] = self._view(image, rng)
+            pixels[1, i] = self._view(image, rng)
+        out = {key: value for key, value in batch.items() if key != "image"}
+        for name, view in (("view1", pixels[0]), ("view2", pixels[1])):
+            out[name] = normalise(view, self.scaling)
+            out[name][~valid] = 0.0
+        out["valid"] = valid
+        return out
+
+
+@dataclass(frozen=True)
+class EvalView:
+    """One deterministic view per image: short side resized to ``resize`` (default ``size·256/224``), centre
+    crop ``size``; ``image`` float32 ``[N, 3, size, size]``."""
+
+    size: int = 224
+    resize: int | None = None
+    scaling: str = "imagenet"
+
+    def __post_init__(self) -> None:
+        _scale_and_shift(self.scaling)
+
+    @property
+    def resize_to(self) -> int:
+        return self.resize if self.resize is not None else int(round(self.size * 256 / 224))
+
+    def _view(self, image: Image.Image) -> np.ndarray:
+        short = self.resize_to
+        scale = short / min(image.width, image.height)
+        width, height = max(short, round(image.width * scale)), max(short, round(image.height * scale))
+        left, top = (width - self.size) // 2, (height - self.size) // 2
+        resized = image.resize((width, height), Image.Resampling.BILINEAR)
+        return np.asarray(resized.crop((left, top, left + self.size, top + self.size)))
+
+    def __call__(self, batch: Batch) -> Batch:
+        """``batch["image"]``: N encoded images → the batch with ``image`` replaced by the float32 view,
+        plus ``valid`` (bool ``[N]``)."""
+        images = batch["image"]
+        n = len(images)
+        pixels = np.zeros((n, self.size, self.size, 3), np.uint8)
+        valid = np.zeros(n, dtype=bool)
+        for i, data in enumerate(images):
+            image = decode_rgb(data, min_side=self.resize_to)
+            if image is None:
+                continue
+            valid[i] = True
+            pixels[i] = self._view(image)
+        out = {key: value for key, value in batch.items() if key != "image"}
+        out["image"] = normalise(pixels, self.scaling)
+        out["image"][~valid] = 0.0
+        out["valid"] = valid
+        return out
+
+
+def split_valid(batch: Batch) -> tuple[Batch, list[str]]:
+    """Drop the rows with ``valid == False`` from a decoded batch (numpy arrays, torch tensors or lists).
+
+    Returns ``(batch of valid rows, source_ids of the dropped rows)``: the trainer adds
+    ``len(bad_ids)`` to the epoch's ``bad_images`` and logs the ids. A batch without a ``valid`` column
+    (feature tables) is returned unchanged.
+    """
+    if "valid" not in batch:
+        return batch, []
+    valid = np.asarray(batch["valid"].cpu() if hasattr(batch["valid"], "cpu") else batch["valid"], dtype=bool)
+    if valid.all():
+        return batch, []
+    ids = batch.get("source_id")
+    bad = [str(ids[i]) for i in np.flatnonzero(~valid)] if ids is not None else [f"row {i}" for i in np.flatnonzero(~valid)]
+    keep = np.flatnonzero(valid)
+    out: Batch = {}
+    for key, value in batch.items():
+        if isinstance(value, list):
+            out[key] = [value[i] for i in keep]
+        elif hasattr(value, "index_select"):  # torch tensor
+            import torch
+
+            out[key] = value.index_select(0, torch.as_tensor(keep, device=value.device))
+        else:
+            out[key] = np.asarray(value)[keep]
+    return out, bad

@@ -1,0 +1,267 @@
+"""Streaming pipeline: transforms as plain functions, Ray Data over real shards (local and rclone S3), and
+two Ray Train workers receiving disjoint shards."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ncdlr.data.pipeline import (
+    PairedBatches,
+    PipelineConfig,
+    build_datasets,
+    load_feature_table,
+    load_splits,
+    train_data_config,
+)
+from ncdlr.data.records import ImageRecord
+from ncdlr.data.manifest import DatasetFormatError
+from ncdlr.data.shards import write_dataset
+from ncdlr.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    EvalView,
+    TrainViews,
+    random_resized_crop_box,
+    split_valid,
+)
+from tests.fixtures.tiny_images import jpeg_bytes, make_tiny_dataset
+
+SIZE = 32
+
+
+@pytest.fixture(scope="session")
+def data_ray():
+    """A small local Ray for the data-plane tests (reused if another fixture already started one)."""
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(num_cpus=4, object_store_memory=256 * 1024**2, log_to_driver=False, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+def _batch(n: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"image": np.array([jpeg_bytes(rng, 64) for _ in range(n)], dtype=object),
+            "label": np.arange(n, dtype=np.int32),
+            "source_id": np.array([f"img{i}" for i in range(n)], dtype=object)}
+
+
+def _corrupt(record: ImageRecord) -> ImageRecord:
+    """Same record with its JPEG cut in half (header intact, data truncated)."""
+    return ImageRecord(image=record.image[: len(record.image) // 2], label=record.label, split=record.split,
+                       class_name=record.class_name, source_id=record.source_id)
+
+
+# ------------------------------------------------------------------------------ transforms, no Ray needed
+
+
+def test_train_views_have_the_right_shapes_and_dtypes_and_differ() -> None:
+    out = TrainViews(size=SIZE, seed=0)(_batch())
+    for name in ("view1", "view2"):
+        assert out[name].shape == (4, 3, SIZE, SIZE) and out[name].dtype == np.float32
+    assert out["valid"].dtype == bool and out["valid"].all()
+    assert "image" not in out and list(out["source_id"]) == ["img0", "img1", "img2", "img3"]
+    assert not np.allclose(out["view1"], out["view2"]), "two augmented views of an image must differ"
+
+
+def test_train_views_are_reproducible_with_a_seed_and_fresh_without() -> None:
+    batch = _batch()
+    a, b = TrainViews(size=SIZE, seed=3)(batch), TrainViews(size=SIZE, seed=3)(batch)
+    assert np.array_equal(a["view1"], b["view1"])
+    c, d = TrainViews(size=SIZE)(batch), TrainViews(size=SIZE)(batch)
+    assert not np.array_equal(c["view1"], d["view1"])
+
+
+def test_eval_view_is_deterministic_and_shaped() -> None:
+    batch = _batch()
+    a, b = EvalView(size=SIZE)(batch), EvalView(size=SIZE)(batch)
+    assert a["image"].shape == (4, 3, SIZE, SIZE) and a["image"].dtype == np.float32
+    assert np.array_equal(a["image"], b["image"])
+    assert EvalView(size=224).resize_to == 256
+
+
+def test_scalings_match_their_definitions() -> None:
+    from PIL import Image
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 40), (127, 127, 127)).save(buf, format="PNG")  # lossless: exact pixel values
+    batch = {"image": np.array([buf.getvalue()], dtype=object)}
+    lite = EvalView(size=SIZE, scaling="lite")(batch)["image"]
+    assert np.allclose(lite, 0.0)  # (127 - 127) / 128
+    imagenet = EvalView(size=SIZE, scaling="imagenet")(batch)["image"]
+    expected = (127 / 255 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
+    assert np.allclose(imagenet[0, :, 0, 0], expected, atol=1e-5)
+
+
+def test_random_resized_crop_box_stays_inside_the_image_with_area_in_scale() -> None:
+    rng = np.random.default_rng(0)
+    for width, height in [(64, 64), (300, 80), (50, 400)]:
+        for _ in range(200):
+            left, top, right, bottom = random_resized_crop_box(width, height, (0.5, 1.0), rng)
+            assert 0 <= left < right <= width and 0 <= top < bottom <= height
+
+
+def test_undecodable_image_is_kept_as_invalid_with_zero_views() -> None:
+    batch = _batch()
+    batch["image"][2] = batch["image"][2][:100]  # truncated JPEG
+    batch["image"][3] = b"not an image at all"
+    for out, keys in ((TrainViews(size=SIZE)(batch), ("view1", "view2")), (EvalView(size=SIZE)(batch), ("image",))):
+        assert out["valid"].tolist() == [True, True, False, False]
+        for key in keys:
+            assert len(out[key]) == 4 and not out[key][2:].any() and out[key][:2].any()
+
+
+def test_split_valid_drops_invalid_rows_and_names_them() -> None:
+    out = TrainViews(size=SIZE)({**_batch(), "image": np.array([*_batch()["image"][:3], b"junk"], dtype=object)})
+    kept, bad = split_valid(out)
+    assert bad == ["img3"] and len(kept["view1"]) == 3 and kept["label"].tolist() == [0, 1, 2]
+    as_torch = {"valid": torch.tensor([True, False]), "view1": torch.zeros(2, 3, 4, 4), "source_id": ["a", "b"]}
+    kept_t, bad_t = split_valid(as_torch)
+    assert bad_t == ["b"] and kept_t["view1"].shape == (1, 3, 4, 4) and kept_t["source_id"] == ["a"]
+
+
+def test_pipeline_config_rejects_unknown_scaling_and_verify_mode() -> None:
+    with pytest.raises(ValueError, match="scaling"):
+        PipelineConfig(scaling="zscore")
+    with pytest.raises(ValueError, match="verify"):
+        PipelineConfig(verify="sometimes")
+
+
+def test_load_splits_refuses_a_shard_whose_size_disagrees(tmp_path: Path) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)
+    shard = next(s for s in manifest.shards if s.split == "novel")
+    with open(tmp_path / "ds" / shard.path, "ab") as f:
+        f.write(b"trailing junk")
+    with pytest.raises(DatasetFormatError, match=rf"{shard.path}: size"):
+        load_splits(str(tmp_path / "ds"), ["novel"])
+
+
+def test_load_splits_refuses_an_empty_or_unknown_split(tmp_path: Path) -> None:
+    write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)
+    with pytest.raises(ValueError, match=r"\['val'\] hold no rows"):
+        load_splits(str(tmp_path / "ds"), ["val"])
+    with pytest.raises(ValueError, match="unknown split"):
+        load_splits(str(tmp_path / "ds"), ["train"])
+
+
+def test_feature_table_without_embedding_is_refused_naming_the_file(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"label": [0], "split": ["known"]}), tmp_path / "features.parquet")
+    with pytest.raises(ValueError, match=r"features.parquet: feature table lacks column\(s\) \['embedding'\]"):
+        load_feature_table(str(tmp_path / "features.parquet"))
+
+
+# ---------------------------------------------------------------------------------------- Ray Data
+
+
+@pytest.mark.slow
+def test_splits_stream_from_s3_with_views_and_labels(data_ray, s3_bucket: str) -> None:
+    records, classes, info = make_tiny_dataset()
+    uri = f"{s3_bucket}/tiny"
+    write_dataset(uri, records, classes, info, target_shard_bytes=8 * 1024, progress=False)
+    datasets = build_datasets(uri, PipelineConfig(image_size=SIZE, decode_batch_size=8, verify="checksum"))
+    test_rows = list(datasets["test"].iter_rows())
+    assert sorted(r["source_id"] for r in test_rows) == sorted(r.source_id for r in records if r.split == "test")
+    assert all(r["image"].shape == (3, SIZE, SIZE) and r["valid"] for r in test_rows)
+    novel = list(datasets["novel"].iter_rows())
+    assert {r["label"] for r in novel} == {2, 3} and len(novel) == 14
+    assert all(r["view1"].dtype == np.float32 and r["view1"].shape == (3, SIZE, SIZE) for r in novel)
+
+
+@pytest.mark.slow
+def test_a_corrupt_jpeg_in_a_shard_is_skipped_and_counted(data_ray, tmp_path: Path) -> None:
+    records, classes, info = make_tiny_dataset(train_counts=(8, 8, 8, 8), test_per_class=1)
+    victim = next(r for r in records if r.split == "novel")
+    records = [_corrupt(r) if r is victim else r for r in records]
+    write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False)
+    datasets = build_datasets(str(tmp_path / "ds"), PipelineConfig(image_size=SIZE, decode_batch_size=4))
+    batches = PairedBatches(datasets["known"], datasets["novel"], batch_size=4)
+    steps = list(batches)
+    batches.close()
+    assert len(steps) == 4, "16 novel rows in batches of 4: nothing dropped silently"
+    assert [i for s in steps for i in s["bad_source_ids"]] == [victim.source_id]
+    novel_ids = [i for s in steps for i in s["novel"]["source_id"]]
+    assert len(novel_ids) == 15 and victim.source_id not in novel_ids
+    assert all(s["known"]["view1"].shape == (4, 3, SIZE, SIZE) for s in steps)
+    assert all(s["novel"]["label"].dtype == torch.int64 for s in steps)
+
+
+@pytest.mark.slow
+def test_feature_table_mode_streams_embeddings_per_split(data_ray, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(10, 6)).astype(np.float32)
+    table = pa.table({"embedding": pa.array(list(emb), type=pa.list_(pa.float32())),
+                      "label": pa.array([0, 1, 2, 3, 2, 3, 0, 1, 2, 3], pa.int32()),
+                      "split": ["known", "known", "novel", "novel", "novel", "novel", "test", "test", "test", "test"]})
+    pq.write_table(table, tmp_path / "features.parquet")
+    datasets = load_feature_table(str(tmp_path / "features.parquet"))
+    batches = PairedBatches(datasets["known"], datasets["novel"], batch_size=2)
+    steps = list(batches)
+    batches.close()
+    assert len(steps) == 2 and steps[0]["known"]["embedding"].shape == (2, 6)
+    novel = torch.cat([s["novel"]["embedding"] for s in steps])
+    assert novel.dtype == torch.float32
+    assert sorted(map(tuple, novel.tolist())) == sorted(map(tuple, emb[2:6].tolist()))
+    assert sorted(torch.cat([s["novel"]["label"] for s in steps]).tolist()) == [2, 2, 3, 3]
+
+
+def _train_worker(config: dict) -> None:
+    """Ray Train worker: one epoch of paired batches; write what this rank saw to a JSON file."""
+    import ray.train
+
+    from ncdlr.data.pipeline import PairedBatches
+
+    rank = ray.train.get_context().get_world_rank()
+    batches = PairedBatches(ray.train.get_dataset_shard("known"), ray.train.get_dataset_shard("novel"),
+                            batch_size=config["batch_size"])
+    seen = {"known": [], "novel": [], "bad": [], "shapes": []}
+    for step in batches:
+        seen["known"] += step["known"]["source_id"]
+        seen["novel"] += step["novel"]["source_id"]
+        seen["bad"] += step["bad_source_ids"]
+        seen["shapes"].append(list(step["novel"]["view1"].shape))
+    batches.close()
+    Path(config["out_dir"], f"rank{rank}.json").write_text(json.dumps(seen))
+
+
+@pytest.mark.slow
+def test_two_train_workers_receive_disjoint_shards_covering_the_dataset(data_ray, tmp_path: Path) -> None:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    # 16 known and 16 novel rows: two workers x two steps x B=4, one pass over each stream.
+    records, classes, info = make_tiny_dataset(train_counts=(10, 6, 9, 7), test_per_class=1)
+    victim = next(r for r in records if r.split == "novel")
+    records = [_corrupt(r) if r is victim else r for r in records]
+    write_dataset(str(tmp_path / "ds"), records, classes, info, target_shard_bytes=4 * 1024, progress=False)
+    cfg = PipelineConfig(image_size=SIZE, batch_size=4, decode_batch_size=4)
+    datasets = build_datasets(str(tmp_path / "ds"), cfg, eval_splits=())
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"batch_size": cfg.batch_size, "out_dir": str(tmp_path)},
+        datasets=datasets,
+        dataset_config=train_data_config(cfg),
+        # Fractional CPUs leave the Ray Data read/decode tasks CPUs to run on (see platform notes).
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="disjoint"),
+    )
+    trainer.fit()
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for split in ("known", "novel"):
+        expected = {r.source_id for r in records if r.split == split}
+        seen = [set(rank[split]) | (set(rank["bad"]) if split == "novel" else set()) for rank in ranks]
+        assert seen[0].isdisjoint(seen[1]), f"{split}: workers overlap"
+        assert seen[0] | seen[1] == expected, f"{split}: the union must be the whole split"
+    assert sorted(ranks[0]["bad"] + ranks[1]["bad"]) == [victim.source_id]
+    assert all(shape[1:] == [3, SIZE, SIZE] for rank in ranks for shape in rank["shapes"])
