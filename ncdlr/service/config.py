@@ -253,3 +253,51 @@ def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as YAML (re-loadable with :func:`load_yaml`)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def _field_docs() -> dict[str, str]:
+    """``section.key`` → the ``#:`` comment next to the field in this module (for ``--help``)."""
+    import inspect
+    import re
+
+    docs: dict[str, str] = {}
+    for section, kind in _sections().items():
+        for line in inspect.getsource(kind).splitlines():
+            match = re.match(r"\s+(\w+): .*?#: (.*)$", line)
+            if match:
+                docs[f"{section}.{match.group(1)}"] = match.group(2)
+    return docs
+
+
+def add_override_arguments(parser) -> None:
+    """Register every config field as ``--section.key`` (and ``--key`` when unique) on an argparse parser.
+
+    Values stay strings here; :func:`overrides_from_args` turns the given ones into an override list that
+    :func:`apply_overrides` validates (so type errors name the key, as for YAML).
+    """
+    defaults = Config().to_dict()
+    docs = _field_docs()
+    counts: dict[str, int] = {}
+    for section, values in defaults.items():
+        for key in values:
+            counts[key] = counts.get(key, 0) + 1
+    group = parser.add_argument_group("config overrides (any field of configs/*.yaml; default from the YAML file)")
+    for section, values in defaults.items():
+        for key, default in values.items():
+            flags = [f"--{section}.{key}"]
+            if counts[key] == 1:
+                flags.insert(0, f"--{key.replace('_', '-')}")
+                if "_" in key:
+                    flags.insert(1, f"--{key}")
+            flags = [f for f in flags if f not in parser._option_string_actions]  # the command's own flags win
+            group.add_argument(*flags, dest=f"override:{section}.{key}", default=None, metavar="V",
+                               help=f"{docs.get(f'{section}.{key}', '')} [built-in default: {default!r}]")
+
+
+def overrides_from_args(args) -> list[str]:
+    """The ``--section.key value`` list for every override flag given on the command line."""
+    out: list[str] = []
+    for dest, value in vars(args).items():
+        if dest.startswith("override:") and value is not None:
+            out += [f"--{dest[len('override:'):]}", value]
+    return out

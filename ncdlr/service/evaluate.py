@@ -88,8 +88,9 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test")
     training = {f"train_{k}": float(v) for k, v in payload.get("metrics", {}).items() if isinstance(v, (int, float))}
     metrics = write_run_report(
         run_dir, y_true=y_true, y_pred=y_pred, num_known=summary.num_known, train_counts=summary.train_counts,
-        class_names=summary.class_names, tau_history=payload.get("tau_history", []), source_ids=source_ids,
-        extra_metrics={"split": split, "epochs": payload["epoch"], "steps": payload["step"], **training},
+        class_names=summary.class_names, tau_history=list(enumerate(payload.get("tau_history", []), start=1)),
+        source_ids=source_ids, extra_metrics={"epochs": payload["epoch"], "steps": payload["step"], **training},
+        split=split,
     )
     check = cluster_accuracy(y_true, y_pred, summary.num_known, summary.train_counts)
     if abs(check["novel"] - metrics.get("novel", check["novel"])) > 1e-9:

@@ -169,7 +169,7 @@ def pseudo_labels(novel_scores: torch.Tensor, valid: torch.Tensor, labeler: Adap
     new_rows = rows[keep, :ku].cpu()
     problem = buffer.history_plus(step, new_rows) if buffer is not None else new_rows
     t1 = time.perf_counter()
-    labels = labeler(problem.to(novel_scores.device))[-new_rows.shape[0]:]
+    labels = labeler(problem.to(novel_scores.device), last=new_rows.shape[0])
     t2 = time.perf_counter()
     if buffer is not None:
         buffer.commit(step, new_rows)

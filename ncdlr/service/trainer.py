@@ -213,6 +213,9 @@ def train_worker(config: dict) -> None:
             metrics["bad_images"] = float(bad)
             rngs: list = [None] * world
             dist.all_gather_object(rngs, rng_state())
+            taus: list = [None] * world
+            dist.all_gather_object(taus, state.labeler.imbalance_factor)
+            metrics["tau_rank_spread"] = max(taus) - min(taus)  # 0: every rank solved the same problem
         else:
             rngs = [rng_state()]
         metrics["epoch_s"] = time.perf_counter() - start

@@ -175,6 +175,7 @@ def _train(state, cfg, splits, buffer, epochs):
 
 def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path):
     cfg = small_config()
+    cfg.data.max_steps_per_epoch = 5
     full = new_state(cfg, splits)
     full_buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
     full_history = _train(full, cfg, splits, full_buffer, 3)

@@ -1,0 +1,120 @@
+"""End-to-end Ray Train runs (slow; kept to four TorchTrainer runs in all).
+
+1. Image mode: 2 CPU DDP workers stream a tiny prepared dataset (with one corrupt JPEG) from the real rclone
+   S3 server, train, evaluate and write the report; τ is identical on both ranks.
+2. Feature-table mode through the CLI, then a resumed run that continues from its checkpoint (buffer actor
+   re-seeded, epochs and steps carried on).
+3. The feature-table run on a simulated 2-node Ray cluster (ray.cluster_utils.Cluster, in a subprocess).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ncdlr.data.records import ImageRecord
+from ncdlr.data.shards import write_dataset
+from ncdlr.service.checkpoint import load_checkpoint
+from ncdlr.service.config import Config
+from ncdlr.service.embed import synthetic_features, write_feature_table
+from tests.fixtures.tiny_images import make_tiny_dataset
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def feature_table(tmp_path) -> str:
+    x, y, s = synthetic_features(num_known=5, num_novel=5, dim=16, n_max=40, ratio=4, test_per_class=6, seed=3)
+    path = str(tmp_path / "features.parquet")
+    write_feature_table(path, x, y, s, num_known=5, num_novel=5)
+    return path
+
+
+def test_two_workers_train_on_images_from_s3_and_write_the_report(ray_local, s3_bucket, tmp_path):
+    from dataclasses import replace
+
+    from ncdlr.service.trainer import fit
+
+    records, classes, info = make_tiny_dataset(train_counts=(16, 8, 12, 12), num_known=2, test_per_class=3, size=40)
+    broken = next(r for r in records if r.split == "novel" and r.label == 3)
+    records = [r for r in records if r is not broken] + [ImageRecord(b"\xff\xd8 truncated", 3, "novel", broken.class_name,
+                                                                     "corrupt/0001.jpg")]
+    uri = f"{s3_bucket}/tiny"
+    write_dataset(uri, records, classes, replace(info, name="tiny-e2e"), progress=False)
+
+    cfg = Config()
+    cfg.data.uri, cfg.data.batch_size, cfg.data.image_size, cfg.data.eval_batch_size = uri, 4, 32, 16
+    cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = "tiny_cnn", -1, "linear"
+    cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 32
+    cfg.optim.epochs, cfg.optim.warmup_epochs = 2, 1
+    cfg.run.num_workers, cfg.run.cpus_per_worker, cfg.run.output = 2, 1.0, str(tmp_path / "run")
+    result = fit(cfg)
+
+    assert result["metrics"]["epoch"] == 2
+    assert result["metrics"]["tau_rank_spread"] == 0.0
+    assert result["metrics"]["bad_images"] == 1  # the corrupt JPEG, counted once per epoch over both ranks
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert 0.0 <= metrics["novel"] <= 1.0 and metrics["steps"] == 6
+    for name in ("config.yaml", "predictions.parquet", "summary.md"):
+        assert (tmp_path / "run" / name).is_file(), name
+    assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_feature_table_run_resumes_from_its_checkpoint(ray_local, feature_table, tmp_path):
+    from ncdlr.cli import main
+
+    common = ["--features", feature_table, "--num-workers", "2", "--batch-size", "8", "--gamma", "5",
+              "--buffer-size", "64", "--warmup-epochs", "1", "--evaluate", "false"]
+    assert main(["train", *common, "--epochs", "1", "--output", str(tmp_path / "first")]) == 0
+    first = (tmp_path / "first" / "checkpoint.txt").read_text().strip()
+    assert main(["train", *common, "--epochs", "3", "--resume", first, "--output", str(tmp_path / "second")]) == 0
+    second = load_checkpoint((tmp_path / "second" / "checkpoint.txt").read_text().strip())
+    before = load_checkpoint(first)
+    assert second["epoch"] == 3 and second["step"] == 3 * before["step"]
+    assert len(second["tau_history"]) == second["step"]
+    assert second["tau_history"][: before["step"]] == before["tau_history"]
+    assert second["buffer"]["rows"].shape == before["buffer"]["rows"].shape
+    assert not torch.equal(second["buffer"]["rows"], before["buffer"]["rows"])
+
+
+MULTI_NODE = r"""
+import json, sys
+import ray
+from ray.cluster_utils import Cluster
+from ncdlr.service.config import Config
+from ncdlr.service.trainer import fit
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 128 * 1024**2})
+cluster.add_node(num_cpus=2, object_store_memory=128 * 1024**2)
+ray.init(address=cluster.address, log_to_driver=False)
+cfg = Config()
+cfg.data.features, cfg.data.batch_size = sys.argv[1], 8
+cfg.model.encoder, cfg.model.head = "identity", "mlp"
+cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 64
+cfg.optim.epochs, cfg.optim.warmup_epochs = 2, 1
+cfg.run.num_workers, cfg.run.cpus_per_worker, cfg.run.output = 2, 1.5, sys.argv[2]  # 1.5 CPU: one worker per node
+result = fit(cfg)
+nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+print("RESULT " + json.dumps({"metrics": result["metrics"], "test": result["test"], "nodes": len(nodes)}))
+ray.shutdown()
+cluster.shutdown()
+"""
+
+
+def test_same_run_on_a_simulated_two_node_cluster(feature_table, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", MULTI_NODE, feature_table, str(tmp_path / "run")], env=env,
+                          capture_output=True, text=True, timeout=400, cwd=ROOT)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(line[len("RESULT "):])
+    assert result["nodes"] == 2
+    assert result["metrics"]["epoch"] == 2 and result["metrics"]["tau_rank_spread"] == 0.0
+    assert 0.0 <= result["test"]["novel"] <= 1.0
