@@ -374,8 +374,9 @@ class S3Server:
         cmd = [find_rclone(), "serve", "s3", str(self.root_dir),
                "--auth-key", f"{self.access_key},{self.secret_key}",
                "--addr", f"127.0.0.1:{self.port}", "--config", "/dev/null", "--log-level", "NOTICE"]
+        # Own session: a terminal's Ctrl-C reaches only us, and we stop rclone in order (``stop``).
         self._process = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         self._wait_until_ready()
         return self
 

@@ -109,3 +109,41 @@ def test_server_stops_and_frees_its_port(tmp_path: Path) -> None:
     assert process is not None and server.running
     server.stop()
     assert process.poll() is not None and not server.running
+
+
+@pytest.mark.slow
+def test_storage_serve_command_prints_a_working_env_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    env_file = tmp_path / "s3.env"
+    proc = subprocess.Popen([sys.executable, "-m", "ncdlr.cli", "storage", "serve", "--root", str(tmp_path / "root"),
+                             "--bucket", "datasets", "--env-file", str(env_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        exports = {}
+        while not (line := proc.stdout.readline()).startswith("# serving"):
+            assert line, f"serve exited early: {proc.stderr.read()}"
+            if line.startswith("export "):
+                key, value = line.removeprefix("export ").strip().split("=", 1)
+                exports[key] = value
+        assert env_file.read_text().count("export ") == len(exports)
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in exports.items():
+                mp.setenv(key, value)
+            fs, base = resolve("s3://datasets/x")
+            with fs.open_output_stream(f"{base}/hello.txt") as out:
+                out.write(b"hi")
+        assert (tmp_path / "root" / "datasets" / "x" / "hello.txt").read_bytes() == b"hi"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert not env_file.exists(), "the env file is removed with the server"
+        with pytest.raises(EndpointUnreachableError):
+            with pytest.MonkeyPatch.context() as mp:
+                for key, value in exports.items():
+                    mp.setenv(key, value)
+                resolve("s3://datasets/x")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
