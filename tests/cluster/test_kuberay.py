@@ -138,3 +138,10 @@ def test_rayjob_entrypoint_is_the_readme_job(rayjob):
     assert "--use-gpu" in words and int(words[words.index("--num-workers") + 1]) >= 1
     readme = (REPO / "cluster" / "README.md").read_text()
     assert f"-- {entrypoint}" in readme, "cluster/README.md's `ray job submit` runs another entrypoint"
+
+
+def test_token_auth_uses_the_secret_the_readme_creates(raycluster, rayjob):
+    readme = (REPO / "cluster" / "README.md").read_text()
+    for spec in cluster_specs(raycluster, rayjob):
+        assert spec["authOptions"]["mode"] == "token"
+        assert f"kubectl create secret generic {spec['authOptions']['secretName']} " in readme
