@@ -1,0 +1,292 @@
+"""What every builder shares: seeded randomness, source-image checks, the class table, and the final write.
+
+A builder turns a source dataset into a list of ``SourceImage`` (a file on disk plus its label and split)
+or directly into ``ImageRecord``s, then calls ``write_prepared`` which hands records and ``ClassInfo``s to
+``ncdlr.data.shards.write_dataset``.
+
+Bad input, decided once for all builders:
+- metadata that contradicts itself (an annotation naming a category or image that does not exist, an image
+  with two labels, a missing key) → ``SourceFormatError`` naming the file and the id;
+- an image file listed by the metadata but absent on disk → ``SourceFormatError`` naming the path
+  (a dataset with silently missing images would have the wrong long-tail profile);
+- an image file that exists but cannot be decoded → skipped, counted and reported (``skipped_images`` in
+  the manifest's info, with each ``source_id`` and reason), because real dumps do contain a few broken
+  files and one of them should not cost a multi-hour build.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ncdlr.data import shards
+from ncdlr.data.images import decode_problem
+from ncdlr.data.longtail import long_tail_counts
+from ncdlr.data.manifest import DatasetInfo, Manifest
+from ncdlr.data.records import SPLITS, ClassInfo, ImageRecord
+
+log = logging.getLogger(__name__)
+
+TRAIN_SPLITS = ("known", "novel")
+MAX_LISTED_SKIPS = 1000  # skipped images listed by id in the manifest; the count is always exact
+
+
+class SourceFormatError(ValueError):
+    """The source dataset on disk is malformed; the message names the file, id or path at fault."""
+
+
+def seeded_rng(seed: int, *tags: str | int) -> np.random.Generator:
+    """An independent NumPy generator for one purpose of a build, e.g. ``seeded_rng(0, "subsample", 7)``.
+
+    Streams are keyed by ``(seed, *tags)`` (strings through CRC-32, stable across processes, unlike
+    ``hash``), so changing how one class is sampled never shifts another class's draw.
+    """
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    keys = [seed] + [zlib.crc32(tag.encode()) if isinstance(tag, str) else int(tag) for tag in tags]
+    return np.random.default_rng(np.random.SeedSequence(keys))
+
+
+def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "img") -> tqdm:
+    """A tqdm bar on stderr (updates at most once a second) — silent when ``enabled`` is False."""
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, mininterval=1.0, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    """One image file of the source dataset, already assigned its final label and split."""
+
+    path: Path  # the encoded image on disk
+    label: int  # known 0..Ks-1, novel Ks..K-1
+    split: str  # "known" | "novel" | "val" | "test"
+    class_name: str
+    source_id: str  # stable id: the path relative to the dataset root
+
+
+@dataclass(frozen=True)
+class SkippedImage:
+    """A source image left out of the prepared dataset, and why (e.g. ``"OSError: image file is truncated"``)."""
+
+    source_id: str
+    reason: str
+
+
+def require_files(items: Sequence[SourceImage], listed_in: str) -> None:
+    """Raise ``SourceFormatError`` naming the first missing path (and how many are missing) if any is."""
+    missing = [item.path for item in items if not item.path.is_file()]
+    if missing:
+        raise SourceFormatError(
+            f"{len(missing)} image file(s) listed in {listed_in} do not exist, e.g. {missing[0]}"
+        )
+
+
+def _problem_of(item: SourceImage) -> str | None:
+    try:
+        data = item.path.read_bytes()
+    except FileNotFoundError as exc:
+        raise SourceFormatError(f"image file {item.path} does not exist (source_id {item.source_id})") from exc
+    return decode_problem(data)
+
+
+def check_decodable(
+    items: Sequence[SourceImage], *, progress: bool = True, desc: str = "checking images", workers: int | None = None
+) -> tuple[list[SourceImage], list[SkippedImage]]:
+    """Split ``items`` into the decodable ones (order kept) and the skipped ones.
+
+    Reads and decodes every file (``ncdlr.data.images.decode_problem``) on a thread pool — PIL releases the
+    GIL while decoding. A missing file raises ``SourceFormatError`` naming it.
+    """
+    workers = workers or min(8, os.cpu_count() or 1)
+    kept: list[SourceImage] = []
+    skipped: list[SkippedImage] = []
+    with ThreadPoolExecutor(workers) as pool, progress_bar(len(items), desc, progress) as bar:
+        for item, problem in zip(items, pool.map(_problem_of, items, chunksize=16)):
+            if problem is None:
+                kept.append(item)
+            else:
+                log.warning("skipping undecodable image %s (%s): %s", item.source_id, item.path, problem)
+                skipped.append(SkippedImage(item.source_id, problem))
+            bar.update()
+    return kept, skipped
+
+
+def take_decodable(
+    candidates: Sequence[SourceImage], count: int, *, verify: bool = True
+) -> tuple[list[SourceImage], list[SkippedImage]]:
+    """The first ``count`` decodable images of ``candidates`` in the given (already shuffled) order.
+
+    Only as many files as needed are decoded, so a long-tail subsample keeps its exact size when a few
+    source files are broken. Fewer than ``count`` come back only when the candidates run out.
+    """
+    taken: list[SourceImage] = []
+    skipped: list[SkippedImage] = []
+    start = 0
+    while len(taken) < count and start < len(candidates):
+        chunk = candidates[start : start + count - len(taken)]
+        start += len(chunk)
+        if verify:
+            good, bad = check_decodable(chunk, progress=False)
+        else:
+            good, bad = list(chunk), []
+        taken.extend(good)
+        skipped.extend(bad)
+    return taken, skipped
+
+
+def class_table(names: Sequence[str], num_known: int, train_labels: Iterable[int]) -> list[ClassInfo]:
+    """``ClassInfo`` per label: ``names[label]``, group by ``label < num_known``, train counts from ``train_labels``.
+
+    ``train_labels`` holds the label of every image in the ``known``/``novel`` splits.
+    """
+    if not 0 < num_known < len(names):
+        raise ValueError(f"num_known must be in 1..{len(names) - 1}, got {num_known}")
+    counts = Counter(train_labels)
+    unknown = set(counts) - set(range(len(names)))
+    if unknown:
+        raise ValueError(f"train labels {sorted(unknown)[:5]} are outside 0..{len(names) - 1}")
+    return [
+        ClassInfo(label=label, name=name, group="known" if label < num_known else "novel", train_count=counts[label])
+        for label, name in enumerate(names)
+    ]
+
+
+def split_order(items: Sequence[Any], seed: int) -> list[Any]:
+    """``items`` grouped by split (known, novel, val, test) and shuffled (seeded) inside each split.
+
+    Rows of one split then sit in contiguous row groups (a reader filtering on ``split`` skips the others
+    by their statistics), and a shard holds a random mix of classes, so workers that each read different
+    shards still see every class.
+    """
+    ordered: list[Any] = []
+    for split in SPLITS:
+        group = [item for item in items if item.split == split]
+        permutation = seeded_rng(seed, "row-order", split).permutation(len(group))
+        ordered.extend(group[i] for i in permutation)
+    return ordered
+
+
+def file_records(items: Sequence[SourceImage], *, progress: bool = True, workers: int = 4) -> Iterator[ImageRecord]:
+    """``ImageRecord``s with each file's bytes exactly as on disk, read ahead on a few threads, order kept."""
+    chunk = 64
+
+    def read(item: SourceImage) -> bytes:
+        try:
+            return item.path.read_bytes()
+        except FileNotFoundError as exc:
+            raise SourceFormatError(f"image file {item.path} disappeared during the build") from exc
+
+    with ThreadPoolExecutor(workers) as pool, progress_bar(len(items), "writing shards", progress) as bar:
+        for start in range(0, len(items), chunk):
+            batch = items[start : start + chunk]
+            for item, data in zip(batch, pool.map(read, batch)):
+                yield ImageRecord(
+                    image=data, label=item.label, split=item.split, class_name=item.class_name, source_id=item.source_id
+                )
+                bar.update()
+
+
+def skip_report(skipped: Sequence[SkippedImage]) -> dict[str, Any]:
+    """The manifest ``extra["skipped_images"]`` entry: the exact count plus the first ids and reasons."""
+    return {
+        "count": len(skipped),
+        "images": [{"source_id": s.source_id, "reason": s.reason} for s in skipped[:MAX_LISTED_SKIPS]],
+    }
+
+
+@dataclass
+class Plan:
+    """Everything a build will write, decided before the first byte is written.
+
+    ``rows`` are ``SourceImage``s (files copied byte for byte) or ready ``ImageRecord``s (images the
+    builder encoded itself), in the order they will be written.
+    """
+
+    classes: list[ClassInfo]
+    rows: list[SourceImage] | list[ImageRecord]
+    info: DatasetInfo
+    skipped: list[SkippedImage] = field(default_factory=list)
+
+    def split_counts(self) -> dict[str, int]:
+        return dict(Counter(row.split for row in self.rows))
+
+
+def natural_imbalance(classes: Sequence[ClassInfo]) -> dict[str, float]:
+    """Measured ``R = max / min`` training images per class inside each group (classes with none ignored)."""
+    ratios = {}
+    for group in ("known", "novel"):
+        counts = [c.train_count for c in classes if c.group == group and c.train_count > 0]
+        ratios[group] = max(counts) / min(counts) if counts else 0.0
+    return ratios
+
+
+def write_plan(
+    plan: Plan,
+    out_uri: str,
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+    endpoint_url: str | None = None,
+    target_shard_bytes: int = shards.DEFAULT_SHARD_BYTES,
+) -> Manifest:
+    """Write ``plan`` with ``ncdlr.data.shards.write_dataset`` (manifest last) and return its ``Manifest``."""
+    check_split_labels(plan.rows, sum(c.group == "known" for c in plan.classes), len(plan.classes))
+    from_files = bool(plan.rows) and isinstance(plan.rows[0], SourceImage)
+    # Files are read by file_records, whose bar knows the total; write_dataset's would only count.
+    records = file_records(plan.rows, progress=progress) if from_files else plan.rows
+    return shards.write_dataset(
+        out_uri,
+        records,
+        plan.classes,
+        plan.info,
+        target_shard_bytes=target_shard_bytes,
+        progress=progress and not from_files,
+        overwrite=overwrite,
+        endpoint_url=endpoint_url,
+    )
+
+
+def check_split_labels(items: Iterable[SourceImage | ImageRecord], num_known: int, num_classes: int) -> None:
+    """Assert the label/split invariants every builder promises (known < Ks <= novel < K)."""
+    for item in items:
+        if not 0 <= item.label < num_classes:
+            raise AssertionError(f"{item.source_id}: label {item.label} outside 0..{num_classes - 1}")
+        if item.split == "known" and item.label >= num_known:
+            raise AssertionError(f"{item.source_id}: known split with novel label {item.label}")
+        if item.split == "novel" and item.label < num_known:
+            raise AssertionError(f"{item.source_id}: novel split with known label {item.label}")
+
+
+
+
+def long_tail_targets(num_known: int, num_novel: int, n_max: int, known_ratio: float, novel_ratio: float) -> list[int]:
+    """Images to keep per label for a synthetic long tail (method.md §1), in label order.
+
+    Labels inside each half are in the seeded order of ``split_known_novel``, which is also the rank
+    order: the first known label is the known head, label ``Ks`` the novel head.
+    """
+    return long_tail_counts(n_max, num_known, known_ratio) + long_tail_counts(n_max, num_novel, novel_ratio)
+
+
+def subsample_order(num_candidates: int, seed: int, class_key: str | int) -> np.ndarray:
+    """The seeded shuffle inside one class (method.md §1): keep the first ``n_c`` of this order."""
+    return seeded_rng(seed, "subsample", class_key).permutation(num_candidates)
+
+
+def shortfall_report(names: Sequence[str], wanted: Sequence[int], got: Sequence[int]) -> dict[str, list[int]]:
+    """``{name: [wanted, got]}`` for classes with fewer source images than their long-tail target."""
+    short = {name: [w, g] for name, w, g in zip(names, wanted, got) if g < w}
+    if short:
+        log.warning("%d class(es) have fewer images than their long-tail target, e.g. %s",
+                    len(short), dict(list(short.items())[:3]))
+    return short
