@@ -43,7 +43,7 @@ from ray.data.expressions import col
 from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import SPLITS
 from ncdlr.data.shards import SCHEMA, check_shard, shard_paths
-from ncdlr.data.storage import client_env, is_s3, join, resolve, with_retries
+from ncdlr.data.storage import join, resolve, with_retries
 from ncdlr.data.transforms import EvalView, TrainViews, split_valid
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,8 @@ class PipelineConfig:
     scaling: str = "imagenet"  # "imagenet" (mean/std) | "lite" ((x-127)/128, efficientnet_lite0)
     eval_resize: int | None = None  # eval short side; None → image_size·256/224
     batch_size: int = 64  # B known + B novel rows per step per worker
-    decode_batch_size: int = 32  # rows per map_batches call (one decode task's unit of work)
+    decode_batch_size: int = 32  # rows per map_batches call
+    rows_per_decode_task: int = 128  # read blocks are cut to this many rows, so decoding spreads over CPUs
     decode_num_cpus: float = 1.0  # logical CPUs per decode task
     prefetch_batches: int = 2  # batches each worker prefetches per stream
     object_store_limit_bytes: int | None = 512 * 1024**2  # Ray Data blocks in flight per dataset; None = Ray's default
@@ -90,14 +91,13 @@ class PipelineConfig:
 # ------------------------------------------------------------------------------------------ reading rows
 
 
-def _read_parquet(paths: list[str], fs: pafs.FileSystem, columns: list[str] | None, uri: str):
+def _read_parquet(paths: list[str], fs: pafs.FileSystem, columns: list[str] | None) -> Any:
+    """Lazy parquet read. The filesystem travels to the read tasks pickled with its endpoint and credentials;
+    reads need none of the AWS checksum variables (only uploads do, see ``storage.client_env``), so the read
+    tasks run in Ray's ordinary worker processes."""
     import ray.data
 
-    extra: dict[str, Any] = {}
-    if is_s3(uri):
-        # The AWS SDK reads its checksum settings from the process environment only: read tasks must carry them.
-        extra["runtime_env"] = {"env_vars": client_env()}
-    dataset = ray.data.read_parquet(paths, filesystem=fs, partitioning=None, file_extensions=None, **extra)
+    dataset = ray.data.read_parquet(paths, filesystem=fs, partitioning=None, file_extensions=None)
     return dataset.select_columns(columns) if columns is not None else dataset
 
 
@@ -132,21 +132,27 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
     datasets = {}
     for split in splits:
         fs, paths = shard_paths(uri, manifest, [split], endpoint_url)
-        datasets[split] = _read_parquet(paths, fs, SCHEMA.names, uri)
+        datasets[split] = _read_parquet(paths, fs, SCHEMA.names)
     return datasets
+
+
+def _decode(dataset: Any, transform: Any, cfg: PipelineConfig) -> Any:
+    # A shard is read as one large block, and a block is decoded by one task: cut the blocks first
+    # (streaming, nothing materialised) so that decoding runs on every CPU.
+    dataset = dataset.repartition(target_num_rows_per_block=cfg.rows_per_decode_task)
+    return dataset.map_batches(transform, batch_size=cfg.decode_batch_size, batch_format="numpy",
+                               num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
 
 
 def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
     """Rows → ``view1``, ``view2`` (float32 ``[3,H,W]``), ``label``, ``split``, ``class_name``, ``source_id``,
     ``valid`` (False for an undecodable image, whose views are zeros)."""
-    return dataset.map_batches(cfg.train_views(), batch_size=cfg.decode_batch_size, batch_format="numpy",
-                               num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
+    return _decode(dataset, cfg.train_views(), cfg)
 
 
 def with_eval_view(dataset: Any, cfg: PipelineConfig) -> Any:
     """Rows → ``image`` (float32 ``[3,H,W]``, deterministic resize + centre crop), the label columns, ``valid``."""
-    return dataset.map_batches(cfg.eval_view(), batch_size=cfg.decode_batch_size, batch_format="numpy",
-                               num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
+    return _decode(dataset, cfg.eval_view(), cfg)
 
 
 def build_datasets(uri: str, cfg: PipelineConfig, *, train_splits: Sequence[str] = ("known", "novel"),
@@ -229,7 +235,7 @@ def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "tes
     for split in splits:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; splits are {SPLITS}")
-        ds = _read_parquet(files, fs, columns, uri).filter(expr=col("split") == split)  # pushed into the read
+        ds = _read_parquet(files, fs, columns).filter(expr=col("split") == split)  # pushed into the read
         out[split] = ds.map_batches(_stack_embeddings, batch_format="numpy", zero_copy_batch=False)
     return out
 

@@ -1,0 +1,190 @@
+"""Decoded + augmented images/s: Ray Data from the rclone S3 server vs. the same shards on local disk vs. a
+plain torch DataLoader over the JPEG files, at the same CPU count, in one run.
+
+All three do the same work per image: decode the JPEG and produce two RandomResizedCrop+flip views,
+normalised float32 [3, S, S] (``ncdlr.data.transforms.TrainViews``), delivered as torch tensors in
+batches. Each path makes ``--passes`` epochs over the data, timed separately: pass 1 includes the start-up
+(Ray Data plans the read and starts its tasks; the DataLoader forks its workers), later passes show the
+rate a multi-epoch training run sees. ``ray.init`` is not timed. The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
+DataLoader) and once as a prepared dataset (parquet shards + manifest) on local disk and on a local
+``rclone serve s3``.
+
+    .venv/bin/python benchmarks/bench_data.py --images 3000 --cpus 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ncdlr.data.manifest import DatasetInfo  # noqa: E402
+from ncdlr.data.records import ClassInfo, ImageRecord  # noqa: E402
+from ncdlr.data.storage import S3Server  # noqa: E402
+
+
+def make_jpegs(root: Path, n: int, size: int, classes: int, seed: int) -> list[tuple[Path, int]]:
+    """``n`` JPEGs of ``size`` px: a class colour, a smooth gradient, noise and a few bright rectangles."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(40, 216, (classes, 3))
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    files = []
+    for i in range(n):
+        label = int(i % classes)
+        base = colours[label] + 60 * np.stack([xx, yy, 1 - xx], axis=-1) * rng.uniform(-1, 1, 3)
+        pixels = base + rng.normal(0, 18, (size, size, 3))
+        for _ in range(3):
+            x, y = rng.integers(0, size - size // 4, 2)
+            pixels[y:y + size // 4, x:x + size // 5] = rng.integers(0, 256, 3)
+        path = root / f"class_{label:02d}" / f"{i:06d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=90)
+        files.append((path, label))
+    return files
+
+
+def dataset_parts(files: list[tuple[Path, int]], root: Path, classes: int):
+    counts = np.bincount([label for _, label in files], minlength=classes)
+    infos = [ClassInfo(label=k, name=f"class_{k:02d}", group="known", train_count=int(counts[k])) for k in range(classes)]
+    records = [ImageRecord(image=path.read_bytes(), label=label, split="known", class_name=f"class_{label:02d}",
+                           source_id=str(path.relative_to(root))) for path, label in files]
+    return records, infos, DatasetInfo(name="bench", source="benchmarks/bench_data.py", seed=0)
+
+
+def time_ray(uri: str, cfg, batch_size: int, passes: int) -> tuple[list[tuple[int, float]], str]:
+    """(rows, seconds) of each pass (epoch) over the dataset, and Ray Data's task counts of the last pass."""
+    from ncdlr.data.pipeline import ToTorch, build_datasets
+
+    ds = build_datasets(uri, cfg, train_splits=("known",), eval_splits=())["known"]
+    timings = []
+    for _ in range(passes):
+        start, rows = time.perf_counter(), 0
+        for batch in ds.iter_torch_batches(batch_size=batch_size, collate_fn=ToTorch(), prefetch_batches=2):
+            rows += int(batch["view1"].shape[0])
+        timings.append((rows, time.perf_counter() - start))
+    tasks = [line.strip().split(" in ")[0] for line in ds.stats().splitlines() if "tasks executed" in line]
+    return timings, "; ".join(tasks)
+
+
+class JpegFiles:
+    """``torch.utils.data.Dataset`` over JPEG paths, same transform as the Ray pipeline (one row at a time)."""
+
+    def __init__(self, files: list[tuple[Path, int]], views) -> None:
+        self.files = files
+        self.views = views
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        path, label = self.files[i]
+        out = self.views({"image": np.array([path.read_bytes()], dtype=object)})
+        return torch.from_numpy(out["view1"][0]), torch.from_numpy(out["view2"][0]), label
+
+
+def time_dataloader(files, cfg, batch_size: int, workers: int, passes: int) -> list[tuple[int, float]]:
+    import torch
+
+    loader = torch.utils.data.DataLoader(JpegFiles(files, cfg.train_views()), batch_size=batch_size, shuffle=True,
+                                         num_workers=workers, prefetch_factor=2, persistent_workers=True)
+    timings = []
+    for _ in range(passes):
+        start, rows = time.perf_counter(), 0
+        for view1, _view2, _label in loader:
+            rows += int(view1.shape[0])
+        timings.append((rows, time.perf_counter() - start))
+    return timings
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=3000, help="JPEGs to generate (one pass over all of them)")
+    parser.add_argument("--source-size", type=int, default=256, help="side of the generated JPEGs, px")
+    parser.add_argument("--image-size", type=int, default=224, help="crop side of each view, px")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--cpus", type=int, default=2,
+                        help="Ray logical CPUs = DataLoader workers (default 2: this machine's cores)")
+    parser.add_argument("--classes", type=int, default=20)
+    parser.add_argument("--passes", type=int, default=3,
+                        help="epochs per path; pass 1 includes start-up (>= 2 so later passes exist)")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep generated data here (default: a temp dir)")
+    args = parser.parse_args()
+
+    for key, value in {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                       "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        os.environ.setdefault(key, value)
+    import ray
+    import torch
+
+    from ncdlr.data.pipeline import PipelineConfig
+    from ncdlr.data.shards import write_dataset
+
+    torch.set_num_threads(1)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-data-"))
+    jpeg_root = work / "jpeg"
+    t0 = time.perf_counter()
+    files = make_jpegs(jpeg_root, args.images, args.source_size, args.classes, seed=0)
+    records, classes, info = dataset_parts(files, jpeg_root, args.classes)
+    mean_kb = sum(len(r.image) for r in records) / len(records) / 1024
+    print(f"generated {len(files)} JPEGs of {args.source_size}px (mean {mean_kb:.1f} KiB) in "
+          f"{time.perf_counter() - t0:.1f}s under {work}")
+
+    cfg = PipelineConfig(image_size=args.image_size, batch_size=args.batch_size, decode_batch_size=32, verify="size")
+    results: dict[str, list[tuple[int, float]]] = {}
+    tasks: dict[str, str] = {}
+    with S3Server(work / "s3") as server:
+        os.environ.update(server.env())
+        bucket = server.make_bucket("bench")
+        local_uri, s3_uri = str(work / "prepared"), f"{bucket}/prepared"
+        for uri in (local_uri, s3_uri):
+            write_dataset(uri, records, classes, info, progress=False, overwrite=True)
+        del records
+        ray.init(num_cpus=args.cpus, object_store_memory=1024**3, log_to_driver=False, include_dashboard=False)
+        try:
+            for name, uri in (("Ray Data, rclone S3", s3_uri), ("Ray Data, local disk", local_uri)):
+                results[name], tasks[name] = time_ray(uri, cfg, args.batch_size, args.passes)
+        finally:
+            ray.shutdown()
+    baseline = f"DataLoader, JPEG files ({args.cpus} workers)"
+    results[baseline] = time_dataloader(files, cfg, args.batch_size, args.cpus, args.passes)
+
+    def rate(timings: list[tuple[int, float]], which: slice) -> float:
+        chosen = timings[which]
+        return sum(r for r, _ in chosen) / sum(s for _, s in chosen)
+
+    base = results[baseline]
+    load = os.getloadavg()
+    print(f"\n{platform.node()}: {os.cpu_count()} cores, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
+          f"{args.images} images {args.source_size}px -> 2 views {args.image_size}px, batch {args.batch_size}, "
+          f"{args.cpus} CPUs")
+    first, later = slice(0, 1), slice(1, None)
+    print("| path | images/pass | pass 1 s | later passes s (each) | images/s pass 1 | images/s later | "
+          "vs DataLoader pass 1 | vs DataLoader later |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, t in results.items():
+        print(f"| {name} | {t[0][0]} | {t[0][1]:.1f} | {' '.join(f'{s:.1f}' for _, s in t[1:])} | "
+              f"{rate(t, first):.1f} | {rate(t, later):.1f} | {rate(t, first) / rate(base, first):.2f}x | "
+              f"{rate(t, later) / rate(base, later):.2f}x |")
+    s3, local = results["Ray Data, rclone S3"], results["Ray Data, local disk"]
+    print(f"\nS3 / local images/s: pass 1 {rate(s3, first) / rate(local, first):.2f}, "
+          f"later passes {rate(s3, later) / rate(local, later):.2f}")
+    for name, line in tasks.items():
+        print(f"{name}: {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
