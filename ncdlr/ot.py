@@ -129,13 +129,17 @@ class ScaledKernel:
         return cls(kernel, kernel * scores, column_mass, col_max + torch.log(column_mass))
 
     def column_scaling(self, col_marginal: Tensor, n_iters: int) -> Tensor:
-        """Rescaled column potential ``ṽ [K]`` after ``T`` Sinkhorn iterations (differentiable in ``w``)."""
+        """Rescaled column potential ``ṽ [K]`` after ``T`` column updates (differentiable in ``w``).
+
+        POT's ``T`` iterations end with a row update; that one only normalises the rows, which
+        :meth:`rows` and :meth:`transport_gain` do anyway, so ``T`` column and ``T - 1`` row updates
+        (``2T - 2`` matvecs) give the same plan.
+        """
         n = self.kernel.shape[0]
         v = col_marginal / self.column_mass  # the first update from a uniform u, in closed form
-        for it in range(n_iters):
+        for _ in range(n_iters - 1):
             u = (1.0 / n) / (self.kernel @ v)
-            if it + 1 < n_iters:
-                v = col_marginal / (self.kernel.T @ u)
+            v = col_marginal / (self.kernel.T @ u)
         return v
 
     def rows(self, v: Tensor, last: int | None = None) -> Tensor:
@@ -259,9 +263,11 @@ class AdaptiveSelfLabeler(nn.Module):
         """
         if scores.ndim != 2 or scores.shape[1] != self.num_clusters:
             raise ValueError(f"expected scores [N, {self.num_clusters}], got {tuple(scores.shape)}")
-        if scores.shape[0] == 0 or not torch.isfinite(scores).all():
-            raise ValueError("scores must be a non-empty matrix of finite values")
+        if scores.shape[0] == 0:
+            raise ValueError("scores must have at least one row")
         kernel = ScaledKernel.from_scores(scores.float(), self.eps)
+        if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
+            raise ValueError("scores must be finite (NaN or inf found)")
         rank_of_cluster = rank_by_mass(kernel.log_mass)
         with torch.enable_grad():
             if self._optimizer is None:

@@ -151,3 +151,11 @@ def test_last_returns_the_current_rows_of_the_same_solution():
     full = AdaptiveSelfLabeler(20, gamma=2.0)(scores)
     tail = AdaptiveSelfLabeler(20, gamma=2.0)(scores, last=64)
     torch.testing.assert_close(tail, full[-64:])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_scores_are_a_clear_error(bad):
+    scores, _, _ = long_tailed_scores(9)
+    scores[3, 4] = bad
+    with pytest.raises(ValueError, match="finite"):
+        AdaptiveSelfLabeler(20)(scores)
