@@ -7,7 +7,7 @@ DATASET is one of
   herbarium19     Herbarium 2019 FGVC6, all 683 classes (342 known), natural tail
   cifar100-lt     CIFAR-100 python release, exponential tail per half (CIFAR100-50-50 / -50-100)
   imagenet100-lt  ImageNet-100 in ImageFolder layout, exponential tail per half
-  openclipart     Debian openclipart-png: real clipart, natural tail (45 → 44 classes after dedupe)
+  openclipart     Debian openclipart-png: real clipart, natural tail (43 classes, 5.2k images)
   synthetic       procedurally drawn shapes, written as an iNat-2018 release, prepared by inat18
 
 The output (--out) is a local folder or s3://bucket/prefix (endpoint, region and credentials from the
@@ -121,17 +121,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("png", "jpeg"), default="png",
                    help="encoding of the flattened images: png keeps clipart edges exactly; jpeg is ~3x smaller "
                         "(default png)")
-    p.add_argument("--max-side", type=int, default=0, metavar="PX",
-                   help="shrink so the longer side is at most PX pixels; 0 keeps the cropped size. 256 suits "
-                        "training at 224 px or less and makes decoding faster (default 0)")
+    p.add_argument("--max-side", type=int, default=512, metavar="PX",
+                   help="shrink so the longer side is at most PX pixels (0 keeps the cropped size, up to 16000 "
+                        "px for a few drawings). 512 leaves room for 224-px crops and keeps decoding cheap "
+                        "(default 512)")
     p.add_argument("--min-images", type=int, default=15, metavar="N",
-                   help="drop classes with fewer images (default 15, which gives ~44 classes)")
+                   help="drop classes with fewer images (default 15, which gives 43 classes)")
     p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
                    help="share of each class held out as test (default 0.2)")
     p.add_argument("--min-test", type=int, default=3, metavar="N", help="at least N test images per class (default 3)")
     p.add_argument("--keep-duplicates", action="store_true",
                    help="keep byte-identical copies (the package files some drawings under several classes): "
-                        "45 classes / 6191 images instead of 44 / 5203; not recommended, copies leak between "
+                        "45 classes / 6188 images instead of 43 / 5243; not recommended, copies leak between "
                         "train and test")
     _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
     p.set_defaults(_build=_build_openclipart)

@@ -1,17 +1,17 @@
 """What every builder shares: seeded randomness, source-image checks, the class table, and the final write.
 
-A builder turns a source dataset into a list of ``SourceImage`` (a file on disk plus its label and split)
-or directly into ``ImageRecord``s, then calls ``write_prepared`` which hands records and ``ClassInfo``s to
-``ncdlr.data.shards.write_dataset``.
+A builder's ``plan(config)`` turns a source dataset into a ``Plan``: the ``ClassInfo``s plus a list of
+``SourceImage`` (a file on disk with its label and split) or of ready ``ImageRecord``s; its ``build``
+passes the plan to ``write_plan``, which streams the records into ``ncdlr.data.shards.write_dataset``.
 
 Bad input, decided once for all builders:
 - metadata that contradicts itself (an annotation naming a category or image that does not exist, an image
   with two labels, a missing key) → ``SourceFormatError`` naming the file and the id;
 - an image file listed by the metadata but absent on disk → ``SourceFormatError`` naming the path
   (a dataset with silently missing images would have the wrong long-tail profile);
-- an image file that exists but cannot be decoded → skipped, counted and reported (``skipped_images`` in
-  the manifest's info, with each ``source_id`` and reason), because real dumps do contain a few broken
-  files and one of them should not cost a multi-hour build.
+- an image file that exists but cannot be decoded → skipped, counted and reported (the manifest's
+  ``extra["skipped_images"]``, with each ``source_id`` and reason), because real dumps do contain a few
+  broken files and one of them should not cost a multi-hour build.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def check_decodable(
     kept: list[SourceImage] = []
     skipped: list[SkippedImage] = []
     with ThreadPoolExecutor(workers) as pool, progress_bar(len(items), desc, progress) as bar:
-        for item, problem in zip(items, pool.map(_problem_of, items, chunksize=16)):
+        for item, problem in zip(items, pool.map(_problem_of, items)):
             if problem is None:
                 kept.append(item)
             else:
@@ -239,8 +239,10 @@ def write_plan(
     endpoint_url: str | None = None,
     target_shard_bytes: int = shards.DEFAULT_SHARD_BYTES,
 ) -> Manifest:
-    """Write ``plan`` with ``ncdlr.data.shards.write_dataset`` (manifest last) and return its ``Manifest``."""
-    check_split_labels(plan.rows, sum(c.group == "known" for c in plan.classes), len(plan.classes))
+    """Write ``plan`` with ``ncdlr.data.shards.write_dataset`` (manifest last) and return its ``Manifest``.
+
+    ``write_dataset`` re-checks every row against the classes (label range, split vs group, train counts).
+    """
     from_files = bool(plan.rows) and isinstance(plan.rows[0], SourceImage)
     # Files are read by file_records, whose bar knows the total; write_dataset's would only count.
     records = file_records(plan.rows, progress=progress) if from_files else plan.rows
@@ -254,19 +256,6 @@ def write_plan(
         overwrite=overwrite,
         endpoint_url=endpoint_url,
     )
-
-
-def check_split_labels(items: Iterable[SourceImage | ImageRecord], num_known: int, num_classes: int) -> None:
-    """Assert the label/split invariants every builder promises (known < Ks <= novel < K)."""
-    for item in items:
-        if not 0 <= item.label < num_classes:
-            raise AssertionError(f"{item.source_id}: label {item.label} outside 0..{num_classes - 1}")
-        if item.split == "known" and item.label >= num_known:
-            raise AssertionError(f"{item.source_id}: known split with novel label {item.label}")
-        if item.split == "novel" and item.label < num_known:
-            raise AssertionError(f"{item.source_id}: novel split with known label {item.label}")
-
-
 
 
 def long_tail_targets(num_known: int, num_novel: int, n_max: int, known_ratio: float, novel_ratio: float) -> list[int]:
