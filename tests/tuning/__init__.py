@@ -1,0 +1,1 @@
+"""Tests of the γ/α search and its known-class validation split."""

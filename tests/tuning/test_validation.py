@@ -1,0 +1,145 @@
+"""The known-class validation split: only known rows, no image twice, scoring disjoint from training, long tail kept."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ncdlr.metrics import head_medium_tail
+from ncdlr.service.embed import read_feature_table, synthetic_features, write_feature_table
+from ncdlr.service.validation import (
+    SCORING_SPLIT,
+    ValidationConfig,
+    build_validation_table,
+    choose_pseudo_novel,
+    holdout_mask,
+    read_validation_split,
+)
+
+
+@pytest.fixture
+def source_table(tmp_path) -> str:
+    """10 known + 10 novel long-tailed classes, with unique source ids; novel labels deliberately corrupted."""
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=8, n_max=60, ratio=10, test_per_class=4, seed=1)
+    ids = [f"img-{i:05d}" for i in range(len(y))]
+    path = str(tmp_path / "source.parquet")
+    write_feature_table(path, x, y, s, num_known=10, num_novel=10, source_ids=ids)
+    # Novel labels are never read: make them unusable (a reader that looked at them would fail or mislabel).
+    table = pq.read_table(path)
+    labels = np.where(np.asarray(table.column("split").to_pylist()) == "novel", -7, table.column("label").to_numpy())
+    table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.int32()))
+    pq.write_table(table, path)
+    return path
+
+
+def _rows(uri: str) -> dict[str, np.ndarray]:
+    table = pq.read_table(uri)
+    return {name: np.asarray(table.column(name).to_pylist()) for name in ("label", "split", "source_id")}
+
+
+def test_validation_table_holds_only_known_class_images(source_table, tmp_path):
+    out = str(tmp_path / "val.parquet")
+    info = build_validation_table(source_table, out)
+    src = _rows(source_table)
+    known_ids = set(src["source_id"][src["split"] == "known"])
+    val = _rows(out)
+    assert set(val["source_id"]) == known_ids  # every known image, and nothing from novel/test
+    assert set(info.pseudo_known) | set(info.pseudo_novel) == set(range(10))
+    assert not set(info.pseudo_known) & set(info.pseudo_novel)
+
+
+def test_no_image_twice_and_none_both_trained_and_scored(source_table, tmp_path):
+    out = str(tmp_path / "val.parquet")
+    build_validation_table(source_table, out)
+    val = _rows(out)
+    assert len(set(val["source_id"])) == len(val["source_id"])
+    scored = set(val["source_id"][val["split"] == SCORING_SPLIT])
+    trained = set(val["source_id"][val["split"] != SCORING_SPLIT])
+    assert scored and trained and not scored & trained
+
+
+def test_labels_are_remapped_pseudo_known_first_and_the_trainer_reads_the_table(source_table, tmp_path):
+    out = str(tmp_path / "val.parquet")
+    info = build_validation_table(source_table, out)
+    splits = read_feature_table(out)  # the trainer's reader accepts it
+    assert (splits.num_known, splits.num_novel) == (8, 2) == (info.num_known, info.num_novel)
+    assert set(splits.labels["known"].tolist()) == set(range(8))
+    assert set(splits.labels["novel"].tolist()) == {8, 9}
+    src = _rows(source_table)
+    original = dict(zip(src["source_id"], src["label"]))
+    val = _rows(out)
+    order = info.pseudo_known + info.pseudo_novel
+    assert all(order[new] == original[sid] for new, sid in zip(val["label"], val["source_id"]))
+    assert read_validation_split(out).pseudo_novel == info.pseudo_novel
+    assert info.target_num_novel == 10  # Ku of the real problem, from the metadata (for the γ transfer)
+
+
+def test_pseudo_novel_choice_is_stratified_over_head_medium_tail():
+    counts = [int(1000 * 50 ** (-c / 19)) for c in range(20)]
+    groups = head_medium_tail(list(range(20)), counts)
+    for seed in range(5):
+        chosen = choose_pseudo_novel(counts, 0.2, seed)
+        assert len(chosen) == 4
+        per_group = {g: len(set(chosen) & set(members)) for g, members in groups.items()}
+        assert per_group == {"head": 1, "medium": 2, "tail": 1}
+    assert choose_pseudo_novel(counts, 0.2, 0) == choose_pseudo_novel(counts, 0.2, 0)
+    assert len({tuple(choose_pseudo_novel(counts, 0.2, s)) for s in range(5)}) > 1
+
+
+def test_holdout_takes_a_share_of_every_class_but_keeps_one_image_classes_for_training():
+    labels = np.repeat([0, 1, 2, 3], [50, 5, 2, 1])
+    mask = holdout_mask(labels, 0.2, seed=0)
+    assert [int(mask[labels == c].sum()) for c in range(4)] == [10, 1, 1, 0]
+
+
+def test_too_few_known_classes_are_refused(tmp_path):
+    x, y, s = synthetic_features(num_known=2, num_novel=2, dim=4, n_max=10, ratio=2, seed=0)
+    path = str(tmp_path / "two.parquet")
+    write_feature_table(path, x, y, s, num_known=2, num_novel=2)
+    with pytest.raises(ValueError, match="2 known classes cannot give 2 pseudo-novel"):
+        build_validation_table(path, str(tmp_path / "val.parquet"))
+
+
+def test_missing_column_is_named(tmp_path):
+    path = str(tmp_path / "bad.parquet")
+    pq.write_table(pa.table({"embedding": [[0.0, 1.0]], "split": ["known"]}), path)
+    with pytest.raises(ValueError, match="lacks column 'label'"):
+        build_validation_table(path, str(tmp_path / "val.parquet"))
+
+
+def test_missing_table_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.parquet"):
+        build_validation_table(str(tmp_path / "nowhere.parquet"), str(tmp_path / "val.parquet"))
+
+
+def test_repeated_source_ids_are_refused(tmp_path):
+    x, y, s = synthetic_features(num_known=5, num_novel=5, dim=4, n_max=10, ratio=2, seed=0)
+    ids = ["same"] * len(y)
+    path = str(tmp_path / "dup.parquet")
+    write_feature_table(path, x, y, s, num_known=5, num_novel=5, source_ids=ids)
+    with pytest.raises(ValueError, match="source_id values repeat"):
+        build_validation_table(path, str(tmp_path / "val.parquet"))
+
+
+def test_table_without_ku_needs_num_novel(tmp_path):
+    x, y, s = synthetic_features(num_known=5, num_novel=5, dim=4, n_max=10, ratio=2, seed=0)
+    path = str(tmp_path / "plain.parquet")
+    write_feature_table(path, x, y, s, num_known=5, num_novel=5)
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({}), path)
+    with pytest.raises(ValueError, match="num_novel"):
+        build_validation_table(path, str(tmp_path / "val.parquet"))
+    info = build_validation_table(path, str(tmp_path / "val.parquet"), num_novel=5)
+    meta = json.loads(pq.read_schema(str(tmp_path / "val.parquet")).metadata[b"ncdlr"])
+    assert info.target_num_known == 5 and meta["validation"]["target_num_novel"] == 5
+
+
+@pytest.mark.parametrize("field,value", [("pseudo_novel_fraction", 0.0), ("pseudo_novel_fraction", 1.0),
+                                         ("holdout_fraction", 1.5), ("min_pseudo_novel", 1)])
+def test_out_of_range_settings_are_refused(source_table, tmp_path, field, value):
+    with pytest.raises(ValueError, match=field):
+        build_validation_table(source_table, str(tmp_path / "val.parquet"), ValidationConfig(**{field: value}))

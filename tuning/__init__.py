@@ -1,0 +1,1 @@
+"""Hyper-parameter search entry points (``python tuning/gamma_search.py``)."""
