@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-PriorKind = Literal["adaptive", "uniform", "fixed", "free"]
+PriorKind = Literal["adaptive", "uniform", "fixed", "free", "bounded"]
 
 
 def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int) -> Tensor:
@@ -77,6 +77,29 @@ def cluster_prior(t: Tensor, num_clusters: int) -> Tensor:
         return torch.ones(1, dtype=t.dtype, device=t.device)
     ranks = torch.arange(num_clusters, dtype=t.dtype, device=t.device)
     log_tau = F.softplus(t)  # log(1 + e^t), stable for any t
+    return torch.softmax(-ranks / (num_clusters - 1) * log_tau, dim=0)
+
+
+def bounded_cluster_prior(t: Tensor, num_clusters: int, max_imbalance: float) -> Tensor:
+    """:func:`cluster_prior` with ``τ`` kept in ``(1, τ_max)``: ``log τ = log(τ_max) · sigmoid(t)``.
+
+    The faithful ``τ = 1 + exp(t)`` is unbounded, and with a small γ the self-labeling feedback (a skewed
+    prior → the head clusters get more pseudo-labels → their soft mass grows → the gain favours more skew)
+    drives ``τ`` to 10²–10⁷ (method.md §4 trap c). A smooth bound keeps the gradient alive everywhere and
+    caps the damage at ``τ_max`` (e.g. the known classes' imbalance ``n_max / n_min``, observable in NCD).
+
+    Args:
+        t: scalar tensor; ``t = logit(log 2 / log τ_max)`` gives ``τ = 2``.
+        num_clusters: ``K``.
+        max_imbalance: ``τ_max > 1``.
+
+    Returns:
+        ``[K]`` probabilities, non-increasing in the rank; differentiable in ``t``.
+    """
+    if num_clusters == 1:
+        return torch.ones(1, dtype=t.dtype, device=t.device)
+    ranks = torch.arange(num_clusters, dtype=t.dtype, device=t.device)
+    log_tau = math.log(max_imbalance) * torch.sigmoid(t)
     return torch.softmax(-ranks / (num_clusters - 1) * log_tau, dim=0)
 
 
@@ -169,6 +192,8 @@ class AdaptiveSelfLabeler(nn.Module):
         ``adaptive``: ``w(τ)`` of :func:`cluster_prior`, ranks assigned by decreasing soft mass at
         every call; the learned ``t`` starts at ``init_t = 0`` (τ = 2), where ``dτ/dt`` is alive
         (the authors' τ ≈ 1.0067 barely moves — trap b).
+        ``bounded``: ``w(τ)`` of :func:`bounded_cluster_prior`, ``τ < max_imbalance``; starts at the
+        same ``τ`` as ``adaptive`` (``1 + exp(init_t)``, clipped below the bound).
         ``uniform``: ``w = 1/K``, nothing learned. ``fixed``: a given size profile (e.g. the true
         one), sorted descending and assigned by soft-mass rank. ``free``: ``w = softmax(θ)``, a
         learned point of the simplex (the paper's non-parametric ablation).
@@ -191,12 +216,15 @@ class AdaptiveSelfLabeler(nn.Module):
         grad_clip: float = 1.0,
         init_t: float = 0.0,
         fixed_prior: Tensor | None = None,
+        max_imbalance: float | None = None,
     ) -> None:
         super().__init__()
         if num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
-        if prior not in ("adaptive", "uniform", "fixed", "free"):
-            raise ValueError(f"prior must be adaptive|uniform|fixed|free, got {prior!r}")
+        if prior not in ("adaptive", "uniform", "fixed", "free", "bounded"):
+            raise ValueError(f"prior must be adaptive|uniform|fixed|free|bounded, got {prior!r}")
+        if prior == "bounded" and (max_imbalance is None or not max_imbalance > 1):
+            raise ValueError(f"prior='bounded' needs max_imbalance > 1, got {max_imbalance!r}")
         if eps <= 0 or n_iters < 1 or outer_steps < 1 or gamma < 0:
             raise ValueError(f"need eps > 0, n_iters >= 1, outer_steps >= 1, gamma >= 0; got {eps}, {n_iters}, {outer_steps}, {gamma}")
         self.num_clusters = num_clusters
@@ -206,8 +234,13 @@ class AdaptiveSelfLabeler(nn.Module):
         self.outer_steps = outer_steps
         self.gamma = gamma
         self.grad_clip = grad_clip
+        self.max_imbalance = max_imbalance
         if prior == "adaptive":
             self.t = nn.Parameter(torch.tensor(float(init_t)))
+        elif prior == "bounded":
+            start = min(1.0 + math.exp(init_t), 1.0 + 0.5 * (max_imbalance - 1.0))  # τ₀, strictly inside (1, τ_max)
+            share = math.log(start) / math.log(max_imbalance)
+            self.t = nn.Parameter(torch.tensor(math.log(share / (1.0 - share))))
         elif prior == "free":
             self.logits = nn.Parameter(torch.zeros(num_clusters))
         elif prior == "fixed":
@@ -226,6 +259,8 @@ class AdaptiveSelfLabeler(nn.Module):
         """``τ = w_max / w_min`` of the current prior (``1 + exp(t)`` for ``adaptive``)."""
         if self.prior == "adaptive":
             return 1.0 + math.exp(float(self.t.detach()))
+        if self.prior == "bounded":
+            return self.max_imbalance ** float(torch.sigmoid(self.t.detach()))
         w = self.last_prior if self.prior != "fixed" else self.ranked_prior
         return float(w.max() / w.min().clamp_min(1e-30))
 
@@ -244,6 +279,8 @@ class AdaptiveSelfLabeler(nn.Module):
             return torch.full((k,), 1.0 / k)
         if self.prior == "free":
             return torch.softmax(self.logits, dim=0)
+        if self.prior == "bounded":
+            return bounded_cluster_prior(self.t, k, self.max_imbalance)[rank_of_cluster]
         ranked = cluster_prior(self.t, k) if self.prior == "adaptive" else self.ranked_prior
         return ranked[rank_of_cluster]
 

@@ -16,4 +16,5 @@ def build_model(model_cfg, num_known: int, num_novel: int, image_size: int = 224
                             feature_dim=model_cfg.feature_dim)
     head = build_head(model_cfg.head, encoder.feature_dim, num_known + num_novel, model_cfg.head_dim,
                       seed=model_cfg.prototype_seed)
-    return NCDModel(encoder, head, num_known, num_novel, prototype_seed=model_cfg.prototype_seed)
+    return NCDModel(encoder, head, num_known, num_novel, prototype_seed=model_cfg.prototype_seed,
+                    learnable_prototypes=getattr(model_cfg, "prototypes", "etf") == "learnable")

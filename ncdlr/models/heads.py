@@ -72,13 +72,19 @@ class NCDModel(nn.Module):
     ``argmax`` over all K (task-agnostic).
     """
 
-    def __init__(self, encoder: Encoder, head: Head, num_known: int, num_novel: int, prototype_seed: int = 0):
+    def __init__(self, encoder: Encoder, head: Head, num_known: int, num_novel: int, prototype_seed: int = 0,
+                 learnable_prototypes: bool = False):
         super().__init__()
         self.encoder = encoder
         self.head = head
         self.num_known = int(num_known)
         self.num_novel = int(num_novel)
-        self.register_buffer("prototypes", simplex_etf(head.out_dim, num_known + num_novel, seed=prototype_seed))
+        self.learnable_prototypes = bool(learnable_prototypes)
+        if self.learnable_prototypes:  # UNO-style: seeded Gaussian columns, used column-normalised (see logits)
+            gen = torch.Generator().manual_seed(prototype_seed + 104729)
+            self.prototypes = nn.Parameter(torch.randn(head.out_dim, num_known + num_novel, generator=gen))
+        else:
+            self.register_buffer("prototypes", simplex_etf(head.out_dim, num_known + num_novel, seed=prototype_seed))
 
     @property
     def novel_prototypes(self) -> torch.Tensor:
@@ -88,8 +94,12 @@ class NCDModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(x))
 
+    def class_prototypes(self) -> torch.Tensor:
+        """``[D, K]`` unit-norm prototypes: the fixed ETF, or the learnable ones column-normalised (differentiable)."""
+        return F.normalize(self.prototypes, dim=0) if self.learnable_prototypes else self.prototypes
+
     def logits(self, z: torch.Tensor) -> torch.Tensor:
-        return z @ self.prototypes
+        return z @ self.class_prototypes()
 
 
 def build_head(kind: str, in_dim: int, num_classes: int, head_dim: int = 0, seed: int = 0) -> Head:

@@ -50,13 +50,14 @@ class ModelConfig:
     head_dim: int = 0  #: output width D of the head; 0 → max(encoder width, K)
     prototype_seed: int = 0  #: seed of the simplex ETF prototypes (stored in every checkpoint)
     feature_dim: int = 0  #: input width for encoder "identity" (feature-table mode); 0 → from the table
+    prototypes: str = "etf"  #: "etf" (fixed simplex ETF, the paper) | "learnable" (normalised, trained; uno/autonovel need it)
 
 
 @dataclass
 class LabelerConfig:
     """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
 
-    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" | "free"
+    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" | "free" | "bounded" (τ ≤ max_imbalance)
     eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
     n_iters: int = 3  #: T, Sinkhorn iterations per solve
     outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
@@ -66,6 +67,7 @@ class LabelerConfig:
     init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
     buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
     use_buffer: bool = True  #: off → solve on the current gathered batch only
+    max_imbalance: float = 0.0  #: prior "bounded": upper bound of τ; 0 → the known classes' imbalance n_max/n_min
 
 
 @dataclass
@@ -100,12 +102,24 @@ class RunConfig:
 
 
 @dataclass
+class MethodConfig:
+    """Which discovery method trains the model (``ncdlr.methods``; issue 6): the paper's or a baseline."""
+
+    name: str = "ncdlr"  #: "ncdlr" (ETF + MSE + adaptive self-labeling) | "uno" | "autonovel" (both need prototypes=learnable)
+    loss: str = "auto"  #: "auto" (ncdlr: mse; uno/autonovel: ce) | "mse" | "ce" — the MSE-vs-CE ablation of ncdlr
+    temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
+    topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics
+    consistency: float = 0.0  #: autonovel: weight of the two-view MSE between novel probabilities (0 → off)
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     labeler: LabelerConfig = field(default_factory=LabelerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -113,7 +127,10 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.head": ("auto", "identity", "expand", "linear", "mlp"),
-    "labeler.prior": ("adaptive", "uniform", "fixed", "free"),
+    "labeler.prior": ("adaptive", "uniform", "fixed", "free", "bounded"),
+    "model.prototypes": ("etf", "learnable"),
+    "method.name": ("ncdlr", "uno", "autonovel"),
+    "method.loss": ("auto", "mse", "ce"),
     "run.use_gpu": ("auto", "true", "false"),
 }
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ncdlr.buffer import LogitBuffer
-from ncdlr.losses import prototype_mse
+from ncdlr.methods import build_method
 from ncdlr.models import NCDModel
 from ncdlr.ot import AdaptiveSelfLabeler
 
@@ -142,7 +142,7 @@ def build_worker_state(cfg: Config, model: NCDModel, steps_per_epoch: int, devic
     lab = cfg.labeler
     labeler = AdaptiveSelfLabeler(model.num_novel, prior=lab.prior, eps=lab.eps, n_iters=lab.n_iters,
                                   outer_steps=lab.outer_steps, gamma=lab.gamma, lr=lab.lr, momentum=lab.momentum,
-                                  init_t=lab.init_t)
+                                  init_t=lab.init_t, max_imbalance=lab.max_imbalance or None)
     return WorkerState(model, labeler, optimizer, scheduler, device)
 
 
@@ -197,17 +197,14 @@ def train_step(state: WorkerState, batch: PairedBatch, cfg: Config, buffer: Buff
         z = (state.forward or model)(x).float()
     zk1, zk2, zn1, zn2 = z.split(b)
     labels = batch.known_labels.to(device)
+    method = build_method(cfg)  # ncdlr.methods: the faithful ncdlr (default) or a baseline/ablation
     if known_valid.any():
-        loss_s = 0.5 * (prototype_mse(zk1[known_valid], model.prototypes, labels[known_valid])
-                        + prototype_mse(zk2[known_valid], model.prototypes, labels[known_valid]))
+        loss_s = method.known_loss(model, zk1[known_valid], zk2[known_valid], labels[known_valid])
     else:
         loss_s = z.sum() * 0.0
-    pu = model.novel_prototypes
-    scores = torch.stack([zn1 @ pu, zn2 @ pu]).detach()  # [2, B, Ku]
-    q, times = pseudo_labels(scores, batch.novel_valid, state.labeler, buffer, state.step, rank)
+    q, times = method.novel_targets(model, zn1, zn2, novel_valid, state, buffer, rank)
     if novel_valid.any():
-        loss_u = 0.5 * (prototype_mse(zn2[novel_valid], pu, q[0][novel_valid])
-                        + prototype_mse(zn1[novel_valid], pu, q[1][novel_valid]))
+        loss_u = method.novel_loss(model, zn1, zn2, q, novel_valid)
     else:
         loss_u = z.sum() * 0.0
     loss = loss_s + cfg.optim.alpha * loss_u
