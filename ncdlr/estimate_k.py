@@ -34,6 +34,10 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import MiniBatchKMeans
+from sklearn.decomposition import PCA
+
+MICRO_CLUSTER_DIMS = 128  # PCA width for assigning rows to micro-clusters (the Ward step uses full features)
+MICRO_CLUSTER_EPOCHS = 5  # MiniBatchKMeans passes over the data for the micro-clusters
 
 __all__ = [
     "EstimateKConfig",
@@ -250,9 +254,11 @@ class WardTree:
 def build_ward_tree(features: np.ndarray, *, ward_points: int = 3000, seed: int = 0) -> WardTree:
     """Ward tree of ``features`` (``[N, D]``): exact up to ``ward_points`` rows, else on weighted micro-clusters.
 
-    Above ``ward_points`` rows, ``MiniBatchKMeans(ward_points)`` assigns every row to a micro-cluster; empty
-    micro-clusters are dropped, centroids are recomputed as exact means of their rows, and
-    :func:`weighted_ward_linkage` clusters the centroids weighted by row counts.
+    Above ``ward_points`` rows, ``MiniBatchKMeans(ward_points)`` (random init, ``MICRO_CLUSTER_EPOCHS``
+    passes, on a ``MICRO_CLUSTER_DIMS``-d PCA projection when the features are wider) assigns every row to
+    a micro-cluster; empty micro-clusters are dropped, centroids are recomputed as exact means of their rows
+    in the full feature space, and :func:`weighted_ward_linkage` clusters the centroids weighted by row
+    counts. (k-means++ init was measured at > 400 s for 3000 centres on 39k rows here, hence random init.)
     """
     start = time.perf_counter()
     x = np.asarray(features, dtype=np.float64)
@@ -262,10 +268,12 @@ def build_ward_tree(features: np.ndarray, *, ward_points: int = 3000, seed: int 
     if n <= ward_points:
         z = linkage(x, method="ward")
         return WardTree(z, np.arange(n), approximate=False, seconds=time.perf_counter() - start)
-    kmeans = MiniBatchKMeans(
-        n_clusters=ward_points, random_state=seed, batch_size=max(4096, 2 * ward_points), n_init=1
-    )
-    assignment = kmeans.fit_predict(x.astype(np.float32))
+    reduced = x.astype(np.float32)
+    if reduced.shape[1] > MICRO_CLUSTER_DIMS:
+        reduced = PCA(MICRO_CLUSTER_DIMS, svd_solver="randomized", random_state=seed).fit_transform(reduced)
+    kmeans = MiniBatchKMeans(n_clusters=ward_points, init="random", max_iter=MICRO_CLUSTER_EPOCHS,
+                             batch_size=4096, random_state=seed)
+    assignment = kmeans.fit_predict(reduced)
     used, leaf_of_row = np.unique(assignment, return_inverse=True)
     counts = np.bincount(leaf_of_row, minlength=used.size).astype(np.float64)
     centroids = np.zeros((used.size, x.shape[1]))

@@ -14,9 +14,10 @@ What is approximated (and what is not):
   * The Ward tree is built ONCE and cut at every candidate k (exact: the same as re-clustering per k).
   * Up to --ward-points rows (default 3000) the tree is exact Ward (scipy linkage).
   * Above that, rows are first grouped into --ward-points k-means micro-clusters (MiniBatchKMeans,
-    seeded) and Ward runs on their centroids weighted by their sizes. This is Ward's merge order on
-    all rows under one constraint: rows of one micro-cluster always share a cluster. Tail classes
-    smaller than a micro-cluster (about rows / ward-points) can therefore be absorbed by a neighbour.
+    seeded random init, 5 passes, assigned on a 128-d PCA projection of wider features) and Ward runs
+    on their exact full-width centroids weighted by their sizes. This is Ward's merge order on all rows
+    under one constraint: rows of one micro-cluster always share a cluster. Tail classes smaller than a
+    micro-cluster (about rows / ward-points rows) can therefore be absorbed by a neighbour.
   * Above --max-samples rows (default 200000) a seeded uniform subsample is used.
   * The bisection evaluates O(log k_max) candidates and assumes a unimodal score curve; on a plateau
     it may stop anywhere on it (see docs/estimate_k.md).
