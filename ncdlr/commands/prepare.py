@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 def _common(parser: argparse.ArgumentParser, *, seed_help: str) -> None:
     parser.add_argument("--out", required=True, metavar="URI",
                         help="where to write: a local folder or s3://bucket/prefix (required)")
-    parser.add_argument("--seed", type=int, default=0, help=f"{seed_help} Recommended: 0, the paper's. (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help=f"{seed_help} Recommended: 0, the seed of every number we report (default 0)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a prepared dataset already at --out (default: refuse)")
     parser.add_argument("--endpoint-url", metavar="URL",
@@ -119,8 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"the openclipart-png tree (default {openclipart.DEFAULT_ROOT}; "
                         "install with: apt-get install openclipart-png)")
     p.add_argument("--format", choices=("png", "jpeg"), default="png",
-                   help="encoding of the flattened images: png keeps clipart edges exactly; jpeg is ~3x smaller "
-                        "(default png)")
+                   help="encoding of the flattened images: png keeps clipart edges exactly and is smaller here "
+                        "(88 MB vs 97 MB for jpeg quality 95); recommended png (default png)")
     p.add_argument("--max-side", type=int, default=512, metavar="PX",
                    help="shrink so the longer side is at most PX pixels (0 keeps the cropped size, up to 16000 "
                         "px for a few drawings). 512 leaves room for 224-px crops and keeps decoding cheap "

@@ -51,7 +51,8 @@ def test_stored_png_decodes_to_the_source_pixels(cifar100_root: Path, plan: Plan
 
 def test_subsample_is_seeded_and_deterministic(cifar100_root: Path, plan: Plan) -> None:
     def ids(seed: int) -> set[str]:
-        return {r.source_id for r in cifar100.plan(cifar100.Cifar100LTConfig(root=cifar100_root, seed=seed, **CONFIG)).rows}
+        other = cifar100.plan(cifar100.Cifar100LTConfig(root=cifar100_root, seed=seed, **CONFIG))
+        return {r.source_id for r in other.rows}
 
     assert ids(0) == {r.source_id for r in plan.rows}
     assert ids(1) != {r.source_id for r in plan.rows}

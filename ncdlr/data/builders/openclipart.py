@@ -23,10 +23,10 @@ Measured on openclipart-png 1:0.18+dfsg-19 (6900 files + 1221 symlinks; 1822 in 
 
 Images: decoded, cropped to the bounding box of their non-transparent pixels, shrunk so the longer side
 is ≤ ``max_side`` (512 by default: training crops are ≤ 224 px, and a few source drawings are 16000 px
-tall), flattened onto white (RGB), and encoded as PNG by default — clipart
-is flat colour and hard edges, which PNG keeps exactly and JPEG rings around; ``--format jpeg`` trades
-that for ~3× smaller shards. An image that cannot be decoded, or is fully transparent, is skipped and
-reported (``extra["skipped_images"]``).
+tall), flattened onto white (RGB), and encoded as PNG by default — clipart is
+flat colour and hard edges, which PNG keeps exactly and JPEG rings around, and PNG is even the smaller
+here (88 MB vs 97 MB for JPEG quality 95, 4:4:4, measured on the default build). An image that cannot
+be decoded, or is fully transparent, is skipped and reported (``extra["skipped_images"]``).
 
 Splits: classes (sorted by name) are split by ``ncdlr.data.longtail.split_known_novel(C, seed)``, labels
 in that order. Inside each class a seeded shuffle holds out ``max(min_test, round(test_fraction · n))``

@@ -86,12 +86,14 @@ def _polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> list[t
     elif shape == "cross":
         # 12 corners of a plus sign with arm half-width 0.35 r
         w = 0.35 * r
-        pts = [(w, r), (w, w), (r, w), (r, -w), (w, -w), (w, -r), (-w, -r), (-w, -w), (-r, -w), (-r, w), (-w, w), (-w, r)]
+        pts = [(w, r), (w, w), (r, w), (r, -w), (w, -w), (w, -r),
+               (-w, -r), (-w, -w), (-r, -w), (-r, w), (-w, w), (-w, r)]
         c, s = np.cos(angle), np.sin(angle)
         return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in pts]
     else:
         raise ValueError(f"not a polygon shape: {shape}")
-    return [(cx + rad * np.cos(angle + 2 * np.pi * k / n), cy + rad * np.sin(angle + 2 * np.pi * k / n)) for k, rad in enumerate(radii)]
+    angles = [angle + 2 * np.pi * k / n for k in range(n)]
+    return [(cx + rad * np.cos(a), cy + rad * np.sin(a)) for a, rad in zip(angles, radii)]
 
 
 def _mask(shape: str, size: int, cx: float, cy: float, r: float, angle: float) -> np.ndarray:
@@ -170,7 +172,8 @@ def write_inat_tree(config: SyntheticConfig, root: Path) -> Path:
         {"id": cid, "name": look.name, "supercategory": SUPERCATEGORY} for cid, look in enumerate(looks)
     ]
     splits: dict[str, dict[str, list]] = {
-        name: {"images": [], "annotations": [], "categories": categories} for name in (inat18.TRAIN_JSON, inat18.TEST_JSON)
+        name: {"images": [], "annotations": [], "categories": categories}
+        for name in (inat18.TRAIN_JSON, inat18.TEST_JSON)
     }
     image_id = 0
     for cid, look in enumerate(looks):
@@ -194,7 +197,12 @@ def write_inat_tree(config: SyntheticConfig, root: Path) -> Path:
 
 
 def build(
-    config: SyntheticConfig, out_uri: str, *, source_dir: Path | None = None, progress: bool = True, **write_options: Any
+    config: SyntheticConfig,
+    out_uri: str,
+    *,
+    source_dir: Path | None = None,
+    progress: bool = True,
+    **write_options: Any,
 ) -> Manifest:
     """Write the iNat-style tree (to ``source_dir``, kept, or a removed temporary folder), then prepare it."""
 
