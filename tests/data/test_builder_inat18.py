@@ -148,6 +148,16 @@ def test_undecodable_image_is_skipped_counted_and_reported(inat_root: Path, tmp_
     assert victim.source_id not in {r["source_id"] for r in prepared_rows(tmp_path / "out")}
 
 
+def test_without_verify_an_undecodable_image_is_copied_as_is(inat_root: Path, tmp_path: Path) -> None:
+    root = copy_tree(inat_root, tmp_path / "src")
+    config = inat18.Inat18Config(root=root, num_classes=10, verify=False)
+    victim = next(r for r in inat18.plan(config, progress=False).rows if r.split == "test")
+    victim.path.write_bytes(truncated(victim.path.read_bytes()))
+    plan = inat18.plan(config, progress=False)
+    assert victim.source_id in {r.source_id for r in plan.rows}
+    assert plan.info.extra["skipped_images"]["count"] == 0
+
+
 def test_more_classes_than_categories_is_an_error(inat_root: Path) -> None:
     with pytest.raises(ValueError, match="num_classes must be in 2..40"):
         inat18.plan(inat18.Inat18Config(root=inat_root, num_classes=41), progress=False)
