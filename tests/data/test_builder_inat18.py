@@ -14,7 +14,7 @@ from ncdlr.data.builders.common import SourceFormatError
 from ncdlr.data.manifest import read_manifest
 from tests.fixtures.datasets import (
     INAT_CATEGORIES,
-    INAT_TRAIN_COUNT,
+    inat_train_count,
     INAT_VAL_PER_CLASS,
     copy_tree,
     prepared_rows,
@@ -51,7 +51,7 @@ def test_plan_takes_every_train_and_val_image_of_the_drawn_classes(inat_root: Pa
     known, novel = inat18.draw_classes(range(INAT_CATEGORIES), 10, seed=0)
     assert [c.name for c in plan.classes] == [f"Species {c:04d}" for c in known + novel]
     assert [c.group for c in plan.classes] == ["known"] * 5 + ["novel"] * 5
-    assert [c.train_count for c in plan.classes] == [INAT_TRAIN_COUNT(c) for c in known + novel]
+    assert [c.train_count for c in plan.classes] == [inat_train_count(c) for c in known + novel]
     test_counts = Counter(r.label for r in plan.rows if r.split == "test")
     assert test_counts == {label: INAT_VAL_PER_CLASS for label in range(10)}
     for row in plan.rows:
