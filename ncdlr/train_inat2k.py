@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", metavar="DIR", default=None, help="run directory (default from the config)")
     parser.add_argument("--classes", type=int, default=20,
                         help="embedded default only: synthetic classes (half known, half novel); 20 fits 2 cores")
+    parser.add_argument("--n-max", type=int, default=120,
+                        help="embedded default only: training images of each half's head class (tail = n_max/10)")
     add_override_arguments(parser)
     return parser
 
@@ -87,7 +89,8 @@ def run_embedded(args: argparse.Namespace) -> dict:
         cfg.data.uri = f"{bucket}/synthetic-inat-{args.classes}"
         print(f"[ncdlr] embedded default: writing a synthetic iNat18-format set ({args.classes} classes) to "
               f"{cfg.data.uri} on the embedded S3 server {server.endpoint_url}", flush=True)
-        manifest = synthetic.build(synthetic.SyntheticConfig(num_classes=args.classes, seed=cfg.run.seed),
+        manifest = synthetic.build(synthetic.SyntheticConfig(num_classes=args.classes, n_max=args.n_max,
+                                                             seed=cfg.run.seed),
                                    cfg.data.uri, progress=False)
         print(f"[ncdlr] prepared {manifest.split_counts} in {time.perf_counter() - start:.0f} s", flush=True)
         ray.init(num_cpus=max(4, os.cpu_count() or 1), object_store_memory=512 * 1024**2, include_dashboard=False,
