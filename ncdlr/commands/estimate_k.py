@@ -163,7 +163,7 @@ def plot_score_curve(path: str | Path, scorer: KnownClusterScorer, result: Estim
     ax.set_ylabel("known-class clustering accuracy (%)")
     ax.set_title("Ku estimate: Ward clustering scored on the labeled instances")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
