@@ -16,13 +16,15 @@ Validation protocol (never looks at novel labels):
   validation table is written once to <storage>/<name>/validation.parquet.
 
 Search space:
-  γ log-uniform over [--gamma-min, --gamma-max] (default 50..5000, the paper's scale) plus the uniform-prior
-  limit γ = ∞ (labeler.prior = uniform, α = 1) as an explicit first candidate; α uniform over [0.25, 4].
+  γ log-uniform over [--gamma-min, --gamma-max] (default 50..5000, the paper's scale), plus the
+  uniform-prior limit γ = ∞ (labeler.prior = uniform, α = 1) as an explicit first candidate; α uniform over
+  [0.25, 4] (--alpha-min/--alpha-max).
   γ is searched in the units of the config you will train with (Ku novel classes). Because the labeler's
   objective divides the KL term by Ku, γ's pull grows as Ku shrinks (method.md §4 trap a); a trial on the
   pseudo-novel problem (Ku' classes) therefore runs with γ·Ku'/Ku, the same γ/Ku (turn off with
   --gamma-transfer none). For small Ku (tens of classes) the whole default range pins τ ≈ 1, i.e. behaves like
-  the uniform prior: lower --gamma-min/--gamma-max (the embedded default searches 1..1000 for Ku = 20).
+  the uniform prior — small Ku needs small γ: lower --gamma-min/--gamma-max (the embedded default searches
+  1..1000 for its Ku = 20).
   ASHA (ray.tune.schedulers.ASHAScheduler, time attribute = epoch) stops poor trials early.
 
 Each trial runs the real trainer: a Tune function trainable (tune.with_resources(..., {"CPU": 0.01})) builds a
@@ -53,6 +55,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow.fs as pafs
 
 if __package__ in (None, ""):  # `python tuning/gamma_search.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -188,7 +192,6 @@ def run_trial(config: dict, env: dict[str, str] | None = None) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from ncdlr.data.storage import is_s3, resolve
     from ncdlr.service.buffer_actor import get_or_create_buffer_actor
     from ncdlr.service.trainer import summarize_data, train_worker
 
@@ -212,7 +215,7 @@ def run_trial(config: dict, env: dict[str, str] | None = None) -> None:
     namespace, actor_name = "ncdlr", f"buffer-tune-{trial_id}-{uuid.uuid4().hex[:6]}"
     actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, summary.num_novel, namespace)
     resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": config["gpus_per_trial"] / workers} if use_gpu else {})}
-    storage_fs, storage_path = resolve(config["train_storage"]) if is_s3(config["train_storage"]) else (None, config["train_storage"])
+    storage_fs, storage_path = ray_storage(config["train_storage"])
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"cfg": cfg.to_dict(), "actor": actor_name, "namespace": namespace,
@@ -231,6 +234,101 @@ def run_trial(config: dict, env: dict[str, str] | None = None) -> None:
         ray.kill(actor)
     if result.error:
         raise result.error
+
+
+# -- storage: Ray Tune/Train on s3:// ---------------------------------------------------------------------------
+
+def _rebuild_no_marker_handler(client_defaults: dict[str, str], inner: bytes) -> "NoMarkerS3Handler":
+    """Unpickle in a Ray process: the AWS SDK reads the checksum settings from the environment when the S3
+    client is built, so they are applied before the inner filesystem is unpickled."""
+    import pickle
+
+    for key, value in client_defaults.items():
+        os.environ.setdefault(key, value)
+    return NoMarkerS3Handler(pickle.loads(inner))
+
+
+class NoMarkerS3Handler(pafs.FileSystemHandler):
+    """A pyarrow filesystem handler that delegates to an S3 filesystem but makes ``create_dir`` a no-op.
+
+    Object stores have no directories: objects are written under any prefix without one. Ray's storage layer
+    still calls ``create_dir``, which pyarrow turns into a zero-byte ``prefix/`` marker object; some
+    S3-compatible servers (the embedded ``rclone serve s3`` among them) refuse that request. Picklable: the
+    inner ``S3FileSystem`` keeps its credentials, and unpickling applies ``CLIENT_DEFAULTS`` (checksum settings)
+    first, so Ray processes (Tune trials, the Train controller) started without the AWS variables can use it.
+    """
+
+    def __init__(self, inner: pafs.FileSystem):
+        self.inner = inner
+
+    def __reduce__(self):
+        import pickle
+
+        from ncdlr.data.storage import CLIENT_DEFAULTS
+
+        return _rebuild_no_marker_handler, (dict(CLIENT_DEFAULTS), pickle.dumps(self.inner))
+
+    def __eq__(self, other):
+        return isinstance(other, NoMarkerS3Handler) and self.inner.equals(other.inner)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def get_type_name(self):
+        return "s3-no-dir-markers"
+
+    def normalize_path(self, path):
+        return self.inner.normalize_path(path)
+
+    def get_file_info(self, paths):
+        return self.inner.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self.inner.get_file_info(selector)
+
+    def create_dir(self, path, recursive):
+        """No-op: an object store needs no directory before objects are written under a prefix."""
+
+    def delete_dir(self, path):
+        self.inner.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self.inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        raise OSError("refusing to delete the whole object store")
+
+    def delete_file(self, path):
+        self.inner.delete_file(path)
+
+    def move(self, src, dest):
+        self.inner.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self.inner.copy_file(src, dest)
+
+    def open_input_stream(self, path):
+        return self.inner.open_input_stream(path)
+
+    def open_input_file(self, path):
+        return self.inner.open_input_file(path)
+
+    def open_output_stream(self, path, metadata):
+        return self.inner.open_output_stream(path, metadata=metadata)
+
+    def open_append_stream(self, path, metadata):
+        return self.inner.open_append_stream(path, metadata=metadata)
+
+
+def ray_storage(uri: str):
+    """``(filesystem, path)`` for Ray's ``storage_filesystem``/``storage_path``: local → ``(None, abs path)``;
+    ``s3://bucket/prefix`` → an S3 filesystem without directory markers (:class:`NoMarkerS3Handler`)."""
+    from ncdlr.data.storage import is_s3, resolve
+
+    if not is_s3(uri):
+        return None, str(Path(uri).resolve())
+    fs, path = resolve(uri)  # checks the bucket; errors name the URI
+    return pafs.PyFileSystem(NoMarkerS3Handler(fs)), path
 
 
 # -- the data: a feature table, or the embedded synthetic default ----------------------------------------------
@@ -446,8 +544,6 @@ def _table_exists(uri: str) -> bool:
     from ncdlr.data.storage import resolve
 
     fs, path = resolve(uri)
-    import pyarrow.fs as pafs
-
     return fs.get_file_info(path).type == pafs.FileType.File
 
 
@@ -492,19 +588,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gamma_search: {err}", file=sys.stderr)
         return 2
     epochs = base.optim.epochs
-    from ncdlr.data.storage import StorageError, is_s3, join, resolve
+    from ncdlr.data.storage import StorageError, is_s3, join
 
     storage = args.storage or str(output / "ray")
-    if is_s3(storage):
-        try:
-            storage_fs, storage_root = resolve(storage)  # checks the bucket; the fs keeps its credentials when pickled
-        except StorageError as err:
-            print(f"gamma_search: --storage: {err}", file=sys.stderr)
-            return 2
-        experiment = join(storage, args.name)
-    else:
-        storage_fs, storage_root = None, str(Path(storage).resolve())
-        experiment = str(Path(storage_root, args.name))
+    try:
+        storage_fs, storage_root = ray_storage(storage)
+    except StorageError as err:
+        print(f"gamma_search: --storage: {err}", file=sys.stderr)
+        return 2
+    experiment = join(storage, args.name) if is_s3(storage) else str(Path(storage_root, args.name))
     experiment_path = f"{storage_root}/{args.name}"  # inside storage_fs
     table_uri = join(experiment, "validation.parquet") if is_s3(storage) else str(Path(experiment, "validation.parquet"))
 

@@ -1,0 +1,140 @@
+"""tuning/gamma_search.py: search space, γ transfer, ranking, best config accepted by the trainer, --help, a tiny Tune run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from ncdlr.service.config import Config, load_config
+from tuning.gamma_search import (
+    SearchSpace,
+    UNIFORM,
+    apply_trial_params,
+    format_table,
+    main,
+    rank_trials,
+    search_space,
+    trial_gamma,
+    write_best_config,
+)
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_search_space_contains_the_uniform_candidate():
+    params, points = search_space(SearchSpace())
+    assert {"gamma": UNIFORM, "alpha": 1.0} in points
+    assert params["gamma"].lower == 50.0 and params["gamma"].upper == 5000.0
+    assert params["alpha"].lower == 0.25 and params["alpha"].upper == 4.0
+    cfg = apply_trial_params(Config(), UNIFORM, 1.0)
+    assert cfg.labeler.prior == "uniform" and math.isfinite(cfg.labeler.gamma)
+    _, without = search_space(SearchSpace(include_uniform=False))
+    assert without == []
+
+
+def test_gamma_is_log_uniform_over_the_configured_range():
+    params, _ = search_space(SearchSpace(gamma_min=1.0, gamma_max=100.0))
+    draws = [params["gamma"].sample() for _ in range(400)]
+    assert 1.0 <= min(draws) and max(draws) <= 100.0
+    assert 0.3 < sum(d < 10.0 for d in draws) / len(draws) < 0.7  # log-uniform: half the mass below √(1·100)
+
+
+def test_bad_gamma_range_is_refused():
+    with pytest.raises(ValueError, match="gamma-min"):
+        search_space(SearchSpace(gamma_min=100.0, gamma_max=10.0))
+
+
+def test_trial_gamma_keeps_gamma_per_novel_cluster():
+    assert trial_gamma(500.0, 4, 20, transfer=True) == pytest.approx(100.0)
+    assert trial_gamma(500.0, 4, 20, transfer=False) == 500.0
+    assert math.isinf(trial_gamma(UNIFORM, 4, 20, transfer=True))
+
+
+def test_completed_trials_rank_above_stopped_ones_and_uniform_is_labelled():
+    rows = [{"gamma": 10.0, "alpha": 1.0, "epoch": 2, "score": 0.9, "trial": "a"},
+            {"gamma": UNIFORM, "alpha": 1.0, "epoch": 8, "score": 0.5, "trial": "b"},
+            {"gamma": 100.0, "alpha": 2.0, "epoch": 8, "score": 0.6, "trial": "c"}]
+    ranked = rank_trials(rows)
+    assert [r["trial"] for r in ranked] == ["c", "b", "a"]
+    assert "∞ (uniform)" in format_table(ranked)
+
+
+@pytest.mark.parametrize("gamma", [37.5, UNIFORM])
+def test_best_config_is_accepted_unchanged_by_both_training_entry_points(tmp_path, gamma):
+    from ncdlr.commands import train as train_command
+    from ncdlr.train_inat2k import build_parser as inat_parser
+
+    base = load_config(ROOT / "configs" / "openclipart.yaml")
+    path = tmp_path / "best.yaml"
+    loaded = write_best_config(base, {"gamma": gamma, "alpha": 0.7}, path, "best of 3 trials\nsecond line")
+    assert path.read_text().startswith("# best of 3 trials\n# second line\n")
+    assert loaded.optim.alpha == 0.7
+    assert loaded.labeler.prior == ("uniform" if math.isinf(gamma) else "adaptive")
+    if math.isfinite(gamma):
+        assert loaded.labeler.gamma == gamma
+    assert loaded.data.uri == base.data.uri and loaded.model.encoder == "efficientnet_lite0"
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    train_command.add_arguments(parser)
+    cfg = train_command.build_config(parser.parse_args(["--config", str(path)]))
+    assert cfg.to_dict() == loaded.to_dict()
+    args = inat_parser().parse_args(["--config", str(path)])
+    assert load_config(args.config).to_dict() == loaded.to_dict()
+
+
+def test_help_explains_the_protocol_and_the_cluster_flags():
+    out = subprocess.run([sys.executable, str(ROOT / "tuning" / "gamma_search.py"), "--help"], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout
+    for phrase in ("never looks at novel labels", "pseudo-novel", "head / medium / tail", "held out",
+                   "class-mean accuracy", "uniform-prior limit", "ASHA", "Tuner.restore", "small Ku needs small γ",
+                   "--num-samples", "--cpus-per-trial", "--gpus-per-trial", "--storage", "--gamma-min", "--gamma-max",
+                   "--resume", "--epochs"):
+        assert phrase in out, phrase
+
+
+def test_bad_arguments_are_reported(tmp_path, capsys):
+    assert main(["--features", str(tmp_path / "missing.parquet"), "--output", str(tmp_path / "out")]) == 2
+    assert "missing.parquet" in capsys.readouterr().err
+    assert main(["--gamma-min", "10", "--gamma-max", "1", "--output", str(tmp_path / "out")]) == 2
+    assert "--gamma-min" in capsys.readouterr().err
+    assert main(["--features", "x.parquet", "--gamma", "lots", "--output", str(tmp_path / "o")]) == 2
+    assert "labeler.gamma" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_trainer_accepts(
+        ray_local, s3_bucket, tmp_path):
+    from ncdlr.data.storage import resolve
+    from ncdlr.service.embed import synthetic_features, write_feature_table
+
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=16, n_max=60, ratio=5, test_per_class=4, seed=2)
+    table = str(tmp_path / "features.parquet")
+    write_feature_table(table, x, y, s, num_known=10, num_novel=10)
+    out = tmp_path / "search"
+    argv = ["--features", table, "--output", str(out), "--storage", f"{s3_bucket}/tune", "--name", "tiny",
+            "--num-samples", "2", "--gamma-min", "1", "--gamma-max", "100", "--epochs", "2", "--batch-size", "8",
+            "--buffer-size", "64", "--warmup-epochs", "1", "--max-concurrent", "2"]
+    assert main(argv) == 0
+
+    search = json.loads((out / "search.json").read_text())
+    assert len(search["trials"]) == 2
+    assert any(math.isinf(float(t["gamma"])) for t in search["trials"])  # the uniform candidate ran
+    assert all(0.0 <= t["score"] <= 1.0 for t in search["trials"])
+    best = load_config(out / "best.yaml")  # the trainer's loader
+    assert best.data.features == table and best.model.encoder == "identity"
+    assert (out / "gamma_scores.png").stat().st_size > 1000 and "score (pseudo-novel)" in (out / "trials.md").read_text()
+    fs, path = resolve(f"{s3_bucket}/tune/tiny/validation.parquet")
+    assert fs.get_file_info(path).type == pafs.FileType.File
+
+    (out / "search.json").unlink()
+    assert main(argv + ["--resume"]) == 0  # Tuner.restore of the finished experiment: same trials, no retraining
+    again = json.loads((out / "search.json").read_text())
+    assert sorted(t["trial"] for t in again["trials"]) == sorted(t["trial"] for t in search["trials"])
