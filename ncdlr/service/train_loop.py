@@ -142,7 +142,7 @@ def build_worker_state(cfg: Config, model: NCDModel, steps_per_epoch: int, devic
     lab = cfg.labeler
     labeler = AdaptiveSelfLabeler(model.num_novel, prior=lab.prior, eps=lab.eps, n_iters=lab.n_iters,
                                   outer_steps=lab.outer_steps, gamma=lab.gamma, lr=lab.lr, momentum=lab.momentum,
-                                  init_t=lab.init_t, max_imbalance=lab.max_imbalance or None)
+                                  init_t=lab.init_t, max_imbalance=lab.max_imbalance or None).to(device)
     return WorkerState(model, labeler, optimizer, scheduler, device)
 
 
