@@ -3,9 +3,10 @@ plain torch DataLoader over the JPEG files, at the same CPU count, in one run.
 
 All three do the same work per image: decode the JPEG and produce two RandomResizedCrop+flip views,
 normalised float32 [3, S, S] (``ncdlr.data.transforms.TrainViews``), delivered as torch tensors in
-batches. Each path makes ``--passes`` epochs over the data, timed separately: pass 1 includes the start-up
-(Ray Data plans the read and starts its tasks; the DataLoader forks its workers), later passes show the
-rate a multi-epoch training run sees. ``ray.init`` is not timed. The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
+batches. Each path makes ``--passes`` epochs over the data, interleaved round by round (so a change in a shared
+machine's load hits every path alike) and timed separately: pass 1 includes the start-up (Ray Data plans
+the read and starts its tasks; the DataLoader forks its workers), later passes show the rate a
+multi-epoch training run sees. ``ray.init`` is not timed. The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
 DataLoader) and once as a prepared dataset (parquet shards + manifest) on local disk and on a local
 ``rclone serve s3``.
 
@@ -62,19 +63,14 @@ def dataset_parts(files: list[tuple[Path, int]], root: Path, classes: int):
     return records, infos, DatasetInfo(name="bench", source="benchmarks/bench_data.py", seed=0)
 
 
-def time_ray(uri: str, cfg, batch_size: int, passes: int) -> tuple[list[tuple[int, float]], str]:
-    """(rows, seconds) of each pass (epoch) over the dataset, and Ray Data's task counts of the last pass."""
-    from ncdlr.data.pipeline import ToTorch, build_datasets
+def ray_pass(dataset, batch_size: int) -> tuple[int, float]:
+    """One epoch through the Ray pipeline as a trainer sees it: torch batches from ``iter_torch_batches``."""
+    from ncdlr.data.pipeline import ToTorch
 
-    ds = build_datasets(uri, cfg, train_splits=("known",), eval_splits=())["known"]
-    timings = []
-    for _ in range(passes):
-        start, rows = time.perf_counter(), 0
-        for batch in ds.iter_torch_batches(batch_size=batch_size, collate_fn=ToTorch(), prefetch_batches=2):
-            rows += int(batch["view1"].shape[0])
-        timings.append((rows, time.perf_counter() - start))
-    tasks = [line.strip().split(" in ")[0] for line in ds.stats().splitlines() if "tasks executed" in line]
-    return timings, "; ".join(tasks)
+    start, rows = time.perf_counter(), 0
+    for batch in dataset.iter_torch_batches(batch_size=batch_size, collate_fn=ToTorch(), prefetch_batches=2):
+        rows += int(batch["view1"].shape[0])
+    return rows, time.perf_counter() - start
 
 
 class JpegFiles:
@@ -95,18 +91,11 @@ class JpegFiles:
         return torch.from_numpy(out["view1"][0]), torch.from_numpy(out["view2"][0]), label
 
 
-def time_dataloader(files, cfg, batch_size: int, workers: int, passes: int) -> list[tuple[int, float]]:
-    import torch
-
-    loader = torch.utils.data.DataLoader(JpegFiles(files, cfg.train_views()), batch_size=batch_size, shuffle=True,
-                                         num_workers=workers, prefetch_factor=2, persistent_workers=True)
-    timings = []
-    for _ in range(passes):
-        start, rows = time.perf_counter(), 0
-        for view1, _view2, _label in loader:
-            rows += int(view1.shape[0])
-        timings.append((rows, time.perf_counter() - start))
-    return timings
+def dataloader_pass(loader) -> tuple[int, float]:
+    start, rows = time.perf_counter(), 0
+    for view1, _view2, _label in loader:
+        rows += int(view1.shape[0])
+    return rows, time.perf_counter() - start
 
 
 def main() -> int:
@@ -129,7 +118,7 @@ def main() -> int:
     import ray
     import torch
 
-    from ncdlr.data.pipeline import PipelineConfig
+    from ncdlr.data.pipeline import PipelineConfig, build_datasets
     from ncdlr.data.shards import write_dataset
 
     torch.set_num_threads(1)
@@ -144,7 +133,7 @@ def main() -> int:
 
     cfg = PipelineConfig(image_size=args.image_size, batch_size=args.batch_size, decode_batch_size=32, verify="size")
     results: dict[str, list[tuple[int, float]]] = {}
-    tasks: dict[str, str] = {}
+    baseline = f"DataLoader, JPEG files ({args.cpus} workers)"
     with S3Server(work / "s3") as server:
         os.environ.update(server.env())
         bucket = server.make_bucket("bench")
@@ -154,12 +143,25 @@ def main() -> int:
         del records
         ray.init(num_cpus=args.cpus, object_store_memory=1024**3, log_to_driver=False, include_dashboard=False)
         try:
-            for name, uri in (("Ray Data, rclone S3", s3_uri), ("Ray Data, local disk", local_uri)):
-                results[name], tasks[name] = time_ray(uri, cfg, args.batch_size, args.passes)
+            datasets = {name: build_datasets(uri, cfg, train_splits=("known",), eval_splits=())["known"]
+                        for name, uri in (("Ray Data, rclone S3", s3_uri), ("Ray Data, local disk", local_uri))}
+            loader = torch.utils.data.DataLoader(JpegFiles(files, cfg.train_views()), batch_size=args.batch_size,
+                                                 shuffle=True, num_workers=args.cpus, prefetch_factor=2,
+                                                 persistent_workers=True)
+            runs = {**{name: (lambda ds=ds: ray_pass(ds, args.batch_size)) for name, ds in datasets.items()},
+                    baseline: lambda: dataloader_pass(loader)}
+            # Interleave the paths pass by pass (rotating who goes first) so that a change in the machine's
+            # load hits all of them alike.
+            names = list(runs)
+            for round_ in range(args.passes):
+                for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                    results.setdefault(name, []).append(runs[name]())
+                    rows, seconds = results[name][-1]
+                    print(f"round {round_ + 1}: {name}: {rows} images in {seconds:.1f}s", flush=True)
+            tasks = {name: "; ".join(line.strip().split(" in ")[0] for line in ds.stats().splitlines()
+                                     if "tasks executed" in line) for name, ds in datasets.items()}
         finally:
             ray.shutdown()
-    baseline = f"DataLoader, JPEG files ({args.cpus} workers)"
-    results[baseline] = time_dataloader(files, cfg, args.batch_size, args.cpus, args.passes)
 
     def rate(timings: list[tuple[int, float]], which: slice) -> float:
         chosen = timings[which]

@@ -15,9 +15,13 @@ Usage (driver, then inside each Ray Train worker)::
             bad_images += len(step["bad_source_ids"])  # undecodable images, already dropped
             known, novel = step["known"], step["novel"]   # view1/view2 [B,3,H,W] float32, label [B] int64
 
-Nothing is materialised: ``read_parquet`` streams the shards of the requested splits (each shard holds one
+Nothing is materialised: ``ShardDatasource`` streams the shards of the requested splits (each shard holds one
 split, see ``ncdlr.data.shards``), ``map_batches`` decodes on CPU tasks, and Ray Data's streaming executor
-keeps at most ``object_store_limit_bytes`` of blocks in flight (``train_data_config``).
+keeps at most ``object_store_limit_bytes`` of blocks in flight (``limit_memory``, ``train_data_config``).
+
+Shuffling without a global shuffle: rows are permuted within each shard when it is written, training
+splits read their shards in a new order every epoch (``cfg.shuffle``), and ``PairedBatches`` can mix rows
+further in a local buffer on the worker (``local_shuffle_buffer_size``, memory ≈ rows · 2 · 3·H·W · 4 B).
 
 Epoch convention: a step pairs B known rows with B novel rows. One epoch is one pass over the worker's
 share of the NOVEL stream (the unlabelled data the method is about); the known stream is cycled — restarted
@@ -28,6 +32,7 @@ workers take the same number of steps (needed for DDP) and restart the known str
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,14 +40,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import ray.data
+from ray.data.block import BlockMetadata
 from ray.data.collate_fn import NumpyBatchCollateFn
-from ray.data.expressions import col
+from ray.data.datasource import Datasource, ReadTask
 
 from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import SPLITS
-from ncdlr.data.shards import SCHEMA, check_shard, shard_paths
+from ncdlr.data.shards import SCHEMA, check_shard
 from ncdlr.data.storage import join, resolve, with_retries
 from ncdlr.data.transforms import EvalView, TrainViews, split_valid
 
@@ -65,9 +74,10 @@ class PipelineConfig:
     eval_resize: int | None = None  # eval short side; None → image_size·256/224
     batch_size: int = 64  # B known + B novel rows per step per worker
     decode_batch_size: int = 32  # rows per map_batches call
-    rows_per_decode_task: int = 128  # read blocks are cut to this many rows, so decoding spreads over CPUs
+    rows_per_decode_task: int = 64  # read blocks are cut to this many rows, so decoding spreads over CPUs
     decode_num_cpus: float = 1.0  # logical CPUs per decode task
     prefetch_batches: int = 2  # batches each worker prefetches per stream
+    shuffle: bool = True  # training splits: shard order shuffled every epoch (rows are shuffled within shards)
     object_store_limit_bytes: int | None = 512 * 1024**2  # Ray Data blocks in flight per dataset; None = Ray's default
     verify: str = "size"  # shard check on load: "none" | "size" (size + row count) | "checksum" (SHA-256)
     augment_seed: int | None = None  # None: fresh entropy per batch; int: reproducible views (tests)
@@ -91,14 +101,65 @@ class PipelineConfig:
 # ------------------------------------------------------------------------------------------ reading rows
 
 
-def _read_parquet(paths: list[str], fs: pafs.FileSystem, columns: list[str] | None) -> Any:
-    """Lazy parquet read. The filesystem travels to the read tasks pickled with its endpoint and credentials;
-    reads need none of the AWS checksum variables (only uploads do, see ``storage.client_env``), so the read
-    tasks run in Ray's ordinary worker processes."""
-    import ray.data
+def _read_shard_files(fs: pafs.FileSystem, paths: list[str], columns: list[str] | None,
+                      split: str | None, row_limit: int | None) -> Iterator[pa.Table]:
+    """Read task body: the files' row groups one at a time (bounded memory), optionally only ``split`` rows."""
+    produced = 0
+    for path in paths:
+        with fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source)
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group, columns=columns)
+                if split is not None:
+                    table = table.filter(pc.field("split") == split)
+                if row_limit is not None:
+                    table = table.slice(0, row_limit - produced)
+                produced += table.num_rows
+                if table.num_rows:
+                    yield table
+                if row_limit is not None and produced >= row_limit:
+                    return
 
-    dataset = ray.data.read_parquet(paths, filesystem=fs, partitioning=None, file_extensions=None)
-    return dataset.select_columns(columns) if columns is not None else dataset
+
+class ShardDatasource(Datasource):
+    """Ray Data source over parquet files whose paths (and, for shards, row counts and sizes) we already know
+    from the manifest: one read task per file, no listing or footer pass at the start of every epoch (that
+    costs seconds per execution with ``read_parquet`` here). With ``shuffle`` the files are handed out in a
+    new random order each time Ray plans an execution (each epoch)."""
+
+    def __init__(self, fs: pafs.FileSystem, paths: Sequence[str], *, rows: Sequence[int] | None = None,
+                 sizes: Sequence[int] | None = None, columns: Sequence[str] | None = None, split: str | None = None,
+                 shuffle: bool = False) -> None:
+        super().__init__()
+        self.fs = fs
+        self.paths = list(paths)
+        self.rows = list(rows) if rows is not None else None
+        self.sizes = list(sizes) if sizes is not None else None
+        self.columns = list(columns) if columns is not None else None
+        self.split = split
+        self.shuffle = shuffle
+
+    def get_name(self) -> str:
+        return "ReadShards"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(self.sizes) if self.sizes is not None else None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: Any = None) -> list[ReadTask]:
+        order = np.random.default_rng().permutation(len(self.paths)) if self.shuffle else np.arange(len(self.paths))
+        tasks = []
+        for group in np.array_split(order, max(1, min(parallelism, len(self.paths)))):
+            if len(group) == 0:
+                continue
+            paths = [self.paths[i] for i in group]
+            metadata = BlockMetadata(
+                num_rows=sum(self.rows[i] for i in group) if self.rows is not None and self.split is None else None,
+                size_bytes=sum(self.sizes[i] for i in group) if self.sizes is not None else None,
+                exec_stats=None, input_files=tuple(paths))
+            read = functools.partial(_read_shard_files, self.fs, paths, self.columns, self.split, per_task_row_limit)
+            tasks.append(ReadTask(read, metadata))
+        return tasks
 
 
 def _verify(uri: str, manifest: Manifest, splits: Sequence[str], mode: str, endpoint_url: str | None) -> None:
@@ -110,7 +171,7 @@ def _verify(uri: str, manifest: Manifest, splits: Sequence[str], mode: str, endp
             check_shard(fs, join(base, shard.path), shard, join(uri, shard.path), checksum=mode == "checksum")
 
 
-def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
+def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size", shuffle_files: Iterable[str] = (),
                 endpoint_url: str | None = None) -> dict[str, Any]:
     """One lazy ``ray.data.Dataset`` of raw rows (``image`` bytes, ``label``, ``split``, ``class_name``,
     ``source_id``) per requested split of the prepared dataset at ``uri``.
@@ -119,7 +180,7 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
     the manifest first: ``"size"`` (object size and parquet row count: one listing and one footer read per
     shard), ``"checksum"`` (SHA-256 of every shard: reads them all once), ``"none"``. Raises the
     ``StorageError``/``DatasetFormatError`` naming the bad URI or file, and ``ValueError`` for a split the
-    dataset does not have.
+    dataset does not have. Splits in ``shuffle_files`` read their shards in a new random order every epoch.
     """
     splits = list(split_names)
     if unknown := [s for s in splits if s not in SPLITS]:
@@ -129,10 +190,14 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
     if empty:
         raise ValueError(f"{uri}: split(s) {empty} hold no rows (the dataset has {manifest.split_counts})")
     _verify(uri, manifest, splits, verify, endpoint_url)
+    fs, base = resolve(uri, endpoint_url)
     datasets = {}
     for split in splits:
-        fs, paths = shard_paths(uri, manifest, [split], endpoint_url)
-        datasets[split] = _read_parquet(paths, fs, SCHEMA.names)
+        shards = [s for s in manifest.shards if s.split == split]
+        source = ShardDatasource(fs, [join(base, s.path) for s in shards], rows=[s.rows for s in shards],
+                                 sizes=[s.bytes for s in shards], columns=SCHEMA.names,
+                                 shuffle=split in set(shuffle_files))
+        datasets[split] = ray.data.read_datasource(source)
     return datasets
 
 
@@ -140,8 +205,22 @@ def _decode(dataset: Any, transform: Any, cfg: PipelineConfig) -> Any:
     # A shard is read as one large block, and a block is decoded by one task: cut the blocks first
     # (streaming, nothing materialised) so that decoding runs on every CPU.
     dataset = dataset.repartition(target_num_rows_per_block=cfg.rows_per_decode_task)
-    return dataset.map_batches(transform, batch_size=cfg.decode_batch_size, batch_format="numpy",
-                               num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
+    decoded = dataset.map_batches(transform, batch_size=cfg.decode_batch_size, batch_format="numpy",
+                                  num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
+    limit_memory(decoded, cfg)
+    return decoded
+
+
+def limit_memory(dataset: Any, cfg: PipelineConfig) -> None:
+    """Cap the object-store memory this dataset's execution keeps in flight (``cfg.object_store_limit_bytes``);
+    Ray Data's streaming executor then back-pressures the reads. (Inside Ray Train, ``train_data_config``
+    sets the same limit for the split streams.)"""
+    if cfg.object_store_limit_bytes is None:
+        return
+    from ray.data import ExecutionResources
+
+    dataset.context.execution_options.resource_limits = ExecutionResources.for_limits(
+        object_store_memory=cfg.object_store_limit_bytes)
 
 
 def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
@@ -160,7 +239,8 @@ def build_datasets(uri: str, cfg: PipelineConfig, *, train_splits: Sequence[str]
     """``load_splits`` + the training transform on ``train_splits`` and the eval transform on ``eval_splits``
     (a split may be in both: its eval version is keyed ``"<split>_eval"``)."""
     wanted = list(dict.fromkeys([*train_splits, *eval_splits]))
-    raw = load_splits(uri, wanted, verify=cfg.verify, endpoint_url=endpoint_url)
+    raw = load_splits(uri, wanted, verify=cfg.verify, shuffle_files=train_splits if cfg.shuffle else (),
+                      endpoint_url=endpoint_url)
     out = {split: with_train_views(raw[split], cfg) for split in train_splits}
     for split in eval_splits:
         out[f"{split}_eval" if split in train_splits else split] = with_eval_view(raw[split], cfg)
@@ -231,12 +311,14 @@ def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "tes
             or not pa.types.is_floating(emb_type.value_type):
         raise ValueError(f"{where}: column 'embedding' must be list<float32>, found {emb_type}")
     columns = [c for c in (*FEATURE_COLUMNS, "class_name", "source_id") if c in schema.names]
+    sizes = [with_retries(lambda f=f: fs.get_file_info(f), uri).size for f in files]
     out = {}
     for split in splits:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; splits are {SPLITS}")
-        ds = _read_parquet(files, fs, columns).filter(expr=col("split") == split)  # pushed into the read
-        out[split] = ds.map_batches(_stack_embeddings, batch_format="numpy", zero_copy_batch=False)
+        source = ShardDatasource(fs, files, sizes=sizes, columns=columns, split=split)
+        out[split] = ray.data.read_datasource(source).map_batches(_stack_embeddings, batch_format="numpy",
+                                                                   zero_copy_batch=False)
     return out
 
 
@@ -278,6 +360,9 @@ class PairedBatches:
     ``label`` ``[b]`` int64, ``valid`` dropped) and ``source_id`` as a list; ``b`` ≤ B: undecodable rows are
     removed and their ``source_id``s listed in ``bad_source_ids`` (count them as ``bad_images``).
     Works the same for feature tables (``embedding`` ``[b, D]``; nothing to drop).
+
+    ``local_shuffle_buffer_size``: rows kept on the worker to draw batches from at random (None: stream
+    order, which is already shuffled within shards and across shard order).
     """
 
     def __init__(self, known: Any, novel: Any, batch_size: int, *, device: Any = None, prefetch_batches: int = 2,

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -77,8 +78,10 @@ class _ShardBuffer:
         self.source_ids.append(r.source_id)
         self.nbytes += len(r.image)
 
-    def table(self) -> pa.Table:
-        return pa.table([self.images, self.labels, self.splits, self.class_names, self.source_ids], schema=SCHEMA)
+    def table(self, rng: np.random.Generator) -> pa.Table:
+        """The buffered rows in a seeded random order (a class-sorted source must not give class-sorted shards)."""
+        table = pa.table([self.images, self.labels, self.splits, self.class_names, self.source_ids], schema=SCHEMA)
+        return table.take(rng.permutation(table.num_rows))
 
 
 def encode_shard(table: pa.Table) -> bytes:
@@ -134,6 +137,9 @@ def write_dataset(
     split), unique ``source_id``; and at the end, each class's ``train_count`` equals its rows in the training
     splits. An error anywhere leaves no manifest, so the directory is never taken for a dataset.
 
+    Rows are permuted within each shard (seeded by ``info.seed``); builders should still yield records in a
+    seeded random order, since a shard only mixes the records that arrive while it fills.
+
     Memory: up to one shard's rows per split (``target_shard_bytes`` each) plus one encoded shard.
     """
     _check_classes(classes, out_uri)
@@ -148,6 +154,7 @@ def write_dataset(
     train_counts: Counter[int] = Counter()
     seen_ids: set[str] = set()
     buffers: dict[str, _ShardBuffer] = {}
+    rng = np.random.default_rng(info.seed)
     shards_per_split: Counter[str] = Counter()
 
     def flush(split: str) -> None:
@@ -156,7 +163,7 @@ def write_dataset(
             return
         rel = f"{SHARD_DIR}/{split}/part-{shards_per_split[split]:05d}.parquet"
         shards_per_split[split] += 1
-        data = encode_shard(buffer.table())
+        data = encode_shard(buffer.table(rng))
 
         def upload() -> None:
             with fs.open_output_stream(join(base, rel)) as out:

@@ -156,3 +156,14 @@ def test_every_shard_holds_the_rows_of_one_split(tmp_path: Path, tiny_dataset: P
         splits = set(pq.read_table(tmp_path / "ds" / shard.path, columns=["split"]).column("split").to_pylist())
         assert splits == {shard.split} and shard.path.startswith(f"shards/{shard.split}/")
     assert {s.split for s in manifest.shards} == {"known", "novel", "test"}
+
+
+def test_rows_of_a_class_sorted_source_are_permuted_within_shards_reproducibly(tmp_path: Path) -> None:
+    records, classes, info = make_tiny_dataset()
+    by_class = sorted(records, key=lambda r: (r.split, r.label, r.source_id))
+    first = write_dataset(str(tmp_path / "a"), by_class, classes, info, progress=False)
+    again = write_dataset(str(tmp_path / "b"), by_class, classes, info, progress=False)
+    assert [s.sha256 for s in first.shards] == [s.sha256 for s in again.shards], "same seed, same bytes"
+    known = next(s for s in first.shards if s.split == "known")
+    labels = pq.read_table(tmp_path / "a" / known.path, columns=["label"]).column("label").to_pylist()
+    assert sorted(labels) == [0] * 12 + [1] * 6 and labels != sorted(labels)
