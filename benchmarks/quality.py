@@ -1,0 +1,223 @@
+"""Discovery-quality benchmark (issue 6): methods × datasets × seeds, paper-style tables in docs/results.md.
+
+Every cell trains with the service's own per-worker loop (``ncdlr.service.train_loop``: ``build_worker_state``,
+``feature_batches``, ``run_epoch`` → ``train_step`` dispatching through ``ncdlr.methods``) in ONE process with
+W = 1 — no Ray: with one worker the loop is exactly the single-process algorithm (method.md §4.7), and the
+grid does not pay Ray's start-up per cell. Feature-table mode: a frozen encoder's features, a trainable head.
+
+Datasets
+  synthetic    ``ncdlr.experiments.synthetic.make_data`` (the lead's problem: Ks = Ku = 20, R^s = R^u = 50,
+               32-d features, balanced test; the data are re-drawn per seed). Head: MLP 32→64→64.
+  openclipart  OpenClipart-LT (Debian openclipart-png, ``ncdlr prepare openclipart --max-side 256``), frozen
+               efficientnet_lite0 features at 160 px (``ncdlr embed``), 1280-d, Ks = 22, Ku = 21, natural
+               long tail; test = the prepared hold-out. Head: linear 1280→128 (trainable), features scaled to
+               unit mean norm. Same seed → same data; the seed changes init, batches and view noise.
+
+Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
+  uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
+  classes' imbalance n_max/n_min), and the ablations ncdlr-uniform (= ladder "+EP"), ladder-buffer (learnable
+  prototypes + CE + buffer + uniform prior = ladder "+buffer"), ncdlr-nobuffer, ncdlr-learnable, ncdlr-ce,
+  ncdlr-true (fixed true novel counts), ncdlr-free. Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
+
+Usage
+  .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart --seeds 3 \\
+      [--features /work/cache/openclipart-lt-lite0-160.parquet] [--variants ...] [--epochs N] \\
+      [--results /work/cache/quality] [--out docs/results.md]
+Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
+processes and resumed; the tables are rendered from every cached result of the requested grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ncdlr.methods.run import evaluate, known_imbalance, train
+from ncdlr.service.config import Config
+from ncdlr.service.train_loop import FeatureSplits
+
+VARIANTS: dict[str, dict[str, dict]] = {
+    "uno": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"}, "labeler": {"prior": "uniform", "use_buffer": False}},
+    "autonovel": {"method": {"name": "autonovel", "consistency": 1.0}, "model": {"prototypes": "learnable"},
+                  "labeler": {"prior": "uniform", "use_buffer": False}},
+    "ncdlr": {},
+    "ncdlr-bounded": {"labeler": {"prior": "bounded"}},
+    "ncdlr-uniform": {"labeler": {"prior": "uniform"}},
+    "ladder-buffer": {"model": {"prototypes": "learnable"}, "method": {"loss": "ce"}, "labeler": {"prior": "uniform"}},
+    "ncdlr-nobuffer": {"labeler": {"use_buffer": False}},
+    "ncdlr-learnable": {"model": {"prototypes": "learnable"}},
+    "ncdlr-ce": {"method": {"loss": "ce"}},
+    "ncdlr-true": {"labeler": {"prior": "fixed"}},
+    "ncdlr-free": {"labeler": {"prior": "free"}},
+}
+POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt")}
+LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdlr-uniform"), ("+ASL (ncdlr)", "ncdlr"),
+          ("+ASL bounded (ours)", "ncdlr-bounded"))
+COLUMNS = ("all", "known", "novel", "novel_head", "novel_medium", "novel_tail")
+
+
+# -- datasets ------------------------------------------------------------------------------------------------
+
+def synthetic_splits(seed: int) -> FeatureSplits:
+    from ncdlr.experiments.synthetic import Setting, make_data
+
+    s = Setting()
+    known, novel, test, _ = make_data(s, seed)
+    k = s.num_known + s.num_novel
+    return FeatureSplits({"known": known.x, "novel": novel.x, "test": test.x},
+                         {"known": known.y, "novel": novel.y, "test": test.y}, s.num_known, s.num_novel,
+                         [str(i) for i in range(k)])
+
+
+def openclipart_splits(path: str) -> FeatureSplits:
+    """Feature table with every split scaled by one constant so the mean known-row norm is 1."""
+    from ncdlr.service.embed import read_feature_table
+
+    splits = read_feature_table(path)
+    scale = float(splits.features["known"].norm(dim=1).mean())
+    splits.features = {k: v / scale for k, v in splits.features.items()}
+    return splits
+
+
+def dataset_config(name: str, epochs: int | None) -> Config:
+    """The shared budget of a dataset (every variant starts from it)."""
+    cfg = Config()
+    cfg.data.batch_size = 128
+    cfg.labeler.gamma = 10.0  # = 0.5·Ku (Ku ≈ 20): the paper's γ/Ku at iNat scale (method.md §4 trap a)
+    cfg.optim.weight_decay = 1.5e-4
+    cfg.optim.warmup_epochs = 2
+    if name == "synthetic":
+        cfg.model.head, cfg.model.head_dim = "mlp", 64
+        cfg.data.feature_noise = 0.15
+        cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr = 40, 1e-2, 1e-3
+    else:
+        cfg.model.head, cfg.model.head_dim = "linear", 128
+        cfg.data.feature_noise = 0.01  # per-coordinate std on unit-mean-norm 1280-d features (coordinate std ≈ 0.02; noise norm ≈ 0.36)
+        cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr = 40, 1e-3, 1e-4
+    if epochs:
+        cfg.optim.epochs = epochs
+    return cfg
+
+
+def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None) -> Config:
+    cfg = dataset_config(dataset, epochs)
+    for section, values in VARIANTS[variant].items():
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    cfg.run.seed = cfg.model.prototype_seed = seed
+    if cfg.labeler.prior == "bounded":
+        cfg.labeler.max_imbalance = known_imbalance(splits)
+    return cfg
+
+
+# -- grid ----------------------------------------------------------------------------------------------------
+
+def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None) -> dict:
+    cfg = variant_config(dataset, variant, seed, splits, epochs)
+    cpu = time.process_time()
+    trained = train(cfg, splits)
+    start = time.perf_counter()
+    results = evaluate(trained, splits, posthoc=POSTHOC_OF.get(variant, ("none",)), temperature=cfg.method.temperature,
+                       seed=seed)
+    tau = trained.tau_history
+    learned_prior = cfg.labeler.prior in ("adaptive", "bounded", "free") and cfg.method.name == "ncdlr"
+    return {"dataset": dataset, "variant": variant, "seed": seed, "results": results,
+            "tau_final": tau[-1] if tau and learned_prior else None, "tau_max": max(tau) if tau and learned_prior else None,
+            "tau_history": tau[:: max(1, len(tau) // 50)] if learned_prior else [],
+            "train_s": trained.seconds, "cpu_s": time.process_time() - cpu, "eval_s": time.perf_counter() - start, "epochs": cfg.optim.epochs,
+            "gamma": cfg.labeler.gamma, "max_imbalance": cfg.labeler.max_imbalance}
+
+
+def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None) -> Path:
+    return root / f"{dataset}-{variant}-s{seed}{f'-e{epochs}' if epochs else ''}.json"
+
+
+def fmt(values: list[float]) -> str:
+    vals = np.array([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    if not len(vals):
+        return "–"
+    return f"{100 * vals.mean():.1f} ± {100 * vals.std():.1f}"
+
+
+def render(cells: list[dict], datasets: list[str], variants: list[str], header: str) -> str:
+    """Markdown: per dataset the method table (All/Known/Novel, novel H/M/T), the ladder and τ."""
+    lines = [header]
+    for dataset in datasets:
+        mine = [c for c in cells if c["dataset"] == dataset]
+        if not mine:
+            continue
+        seeds = sorted({c["seed"] for c in mine})
+        lines += [f"\n### {dataset} — class-mean accuracy (%), mean ± std over seeds {seeds}, epochs "
+                  f"{mine[0]['epochs']}, γ = {mine[0]['gamma']:g}\n",
+                  "| method | " + " | ".join(COLUMNS) + " | final τ (max) | train s |",
+                  "|" + "---|" * (len(COLUMNS) + 3)]
+        for variant in variants:
+            runs = [c for c in mine if c["variant"] == variant]
+            if not runs:
+                continue
+            for posthoc in runs[0]["results"]:
+                name = variant + ("" if posthoc == "none" else f" +{posthoc.upper() if posthoc == 'la' else 'cRT'}")
+                cols = [fmt([r["results"][posthoc][c] for r in runs]) for c in COLUMNS]
+                taus = [r["tau_final"] for r in runs if r["tau_final"] is not None]
+                tau = (f"{np.mean(taus):.3g} ({max(r['tau_max'] for r in runs if r['tau_max'] is not None):.3g})"
+                       if taus and posthoc == "none" else "")
+                secs = f"{np.mean([r['train_s'] for r in runs]):.0f}" if posthoc == "none" else ""
+                lines.append(f"| {name} | " + " | ".join(cols) + f" | {tau} | {secs} |")
+        ladder = [(rung, [c for c in mine if c["variant"] == v]) for rung, v in LADDER]
+        if all(runs for _, runs in ladder[:4]):
+            lines += ["\nAblation ladder (novel, class-mean %): " + " → ".join(
+                f"{rung} {fmt([r['results']['none']['novel'] for r in runs])}" for rung, runs in ladder if runs)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=["synthetic", "openclipart"], choices=["synthetic", "openclipart"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (≥ 3 for mean ± std)")
+    parser.add_argument("--epochs", type=int, default=None, help="override every dataset's epochs (smoke runs)")
+    parser.add_argument("--features", default="/work/cache/openclipart-lt-lite0-160.parquet",
+                        help="OpenClipart-LT feature table from `ncdlr embed --encoder efficientnet_lite0 --image-size 160`")
+    parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="per-cell JSON cache")
+    parser.add_argument("--out", type=Path, default=None, help="Markdown file for the tables (e.g. docs/results.md)")
+    parser.add_argument("--render-only", action="store_true", help="only render the cached cells")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    args.results.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    cells = []
+    for dataset in args.datasets:
+        fixed = openclipart_splits(args.features) if dataset == "openclipart" and not args.render_only else None
+        for seed in range(args.seeds):
+            splits = fixed if dataset == "openclipart" else (None if args.render_only else synthetic_splits(seed))
+            for variant in args.variants:
+                path = cell_path(args.results, dataset, variant, seed, args.epochs)
+                if path.is_file():
+                    cells.append(json.loads(path.read_text()))
+                    continue
+                if args.render_only:
+                    continue
+                cell = run_cell(dataset, variant, seed, splits, args.epochs)
+                path.write_text(json.dumps(cell))
+                cells.append(cell)
+                r = cell["results"]["none"]
+                print(f"[{dataset} s{seed}] {variant:<16} novel {100 * r['novel']:5.1f} known {100 * r['known']:5.1f} "
+                      f"τ {cell['tau_final'] if cell['tau_final'] is None else round(cell['tau_final'], 3)} "
+                      f"({cell['train_s']:.0f}+{cell['eval_s']:.0f} s wall, {cell['cpu_s']:.0f} s CPU)", flush=True)
+    header = (f"Grid: {', '.join(args.datasets)} × {len(args.variants)} variants × {args.seeds} seeds; "
+              f"{len(cells)} cells; wall {time.perf_counter() - start:.0f} s this invocation (cached cells not re-run).")
+    table = render(cells, args.datasets, args.variants, header)
+    print(table)
+    if args.out:
+        args.out.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""Issue 6: every method trains on a tiny feature table and beats chance; LA, cRT, AutoNovel and the bounded prior."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from ncdlr.methods import (METHODS, MethodConfigError, build_method, class_balanced_sampler, logit_adjustment,
+                           pseudo_label_counts, ranking_pairs)
+from ncdlr.methods.run import evaluate, train
+from ncdlr.ot import AdaptiveSelfLabeler
+from ncdlr.service.config import Config, ConfigError, apply_overrides
+from ncdlr.service.train_loop import FeatureSplits
+
+KS, KU, DIM = 4, 4, 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: a second thread only adds synchronisation (and the CI machine is shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_table(seed: int = 0) -> FeatureSplits:
+    """Gaussian clusters around orthogonal centres, long-tailed train counts, balanced test."""
+    g = torch.Generator().manual_seed(seed)
+    centres = 3.0 * torch.eye(DIM)[: KS + KU]
+    counts = [120, 60, 30, 20] * 2
+
+    def draw(labels):
+        return centres[labels] + 0.6 * torch.randn(len(labels), DIM, generator=g)
+
+    train_y = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])
+    test_y = torch.arange(KS + KU).repeat_interleave(25)
+    x = draw(train_y)
+    known = train_y < KS
+    return FeatureSplits({"known": x[known], "novel": x[~known], "test": draw(test_y)},
+                         {"known": train_y[known], "novel": train_y[~known], "test": test_y}, KS, KU,
+                         [str(i) for i in range(KS + KU)])
+
+
+def tiny_config(method: str, **labeler) -> Config:
+    cfg = Config()
+    cfg.method.name = method
+    cfg.model.head, cfg.model.head_dim = "linear", 16
+    cfg.model.prototypes = "etf" if method == "ncdlr" else "learnable"
+    cfg.data.batch_size, cfg.data.feature_noise = 32, 0.1
+    cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 8, 1e-2, 1e-3, 1
+    cfg.labeler.gamma, cfg.labeler.buffer_size, cfg.labeler.outer_steps = 2.0, 256, 5
+    for key, value in labeler.items():
+        setattr(cfg.labeler, key, value)
+    return cfg
+
+
+@pytest.mark.parametrize("method, labeler", [("ncdlr", {}), ("ncdlr", {"prior": "bounded", "max_imbalance": 6.0}),
+                                             ("uno", {}), ("autonovel", {})])
+def test_each_method_trains_on_a_tiny_table_and_beats_chance(method, labeler):
+    splits = tiny_table()
+    run = train(tiny_config(method, **labeler), splits)
+    results = evaluate(run, splits, posthoc=("none", "la", "crt"), crt_epochs=3)
+    for posthoc, metrics in results.items():
+        assert metrics["known"] > 0.9, (posthoc, metrics)
+        # chance under one Hungarian matching of 8 classes is well below 0.5 on a balanced test set
+        assert metrics["novel"] > 0.5, (posthoc, metrics)
+
+
+def test_logit_adjustment_subtracts_log_prior_and_leaves_zero_count_classes_unchanged():
+    logits = torch.randn(5, 4)
+    counts = torch.tensor([6, 0, 3, 1])
+    adjusted = logit_adjustment(logits, counts, temperature=0.5)
+    prior = counts / counts.sum()
+    assert torch.equal(adjusted[:, 1], logits[:, 1] / 0.5)
+    for k in (0, 2, 3):
+        assert torch.allclose(adjusted[:, k], logits[:, k] / 0.5 - torch.log(prior[k]))
+
+
+def test_logit_adjustment_rejects_counts_of_the_wrong_shape_or_all_zero():
+    with pytest.raises(ValueError, match="class_counts"):
+        logit_adjustment(torch.randn(2, 3), torch.ones(4))
+    with pytest.raises(ValueError, match="class_counts"):
+        logit_adjustment(torch.randn(2, 3), torch.zeros(3))
+
+
+def test_pseudo_label_counts_add_novel_argmax_to_known_labels():
+    counts = pseudo_label_counts(torch.tensor([0, 0, 1]), torch.tensor([[0.1, 0.9], [0.8, 0.2], [0.0, 1.0]]), 2)
+    assert counts.tolist() == [2, 1, 1, 2]
+
+
+def test_crt_sampler_draws_every_class_equally_often():
+    labels = torch.cat([torch.zeros(1000), torch.ones(10), torch.full((50,), 2)]).long()
+    sampler = class_balanced_sampler(labels, 30000, torch.Generator().manual_seed(0))
+    drawn = labels[torch.tensor(list(sampler))]
+    freq = torch.bincount(drawn, minlength=3).float() / len(drawn)
+    assert torch.allclose(freq, torch.full((3,), 1 / 3), atol=0.015), freq
+
+
+def test_crt_sampler_rejects_empty_labels():
+    with pytest.raises(ValueError, match="labels"):
+        class_balanced_sampler(torch.zeros(0, dtype=torch.long), 4, torch.Generator())
+
+
+def test_autonovel_pairs_are_symmetric_and_match_a_brute_force_rank_check():
+    feats = torch.randn(40, 12, generator=torch.Generator().manual_seed(1))
+    feats[20:] = feats[:20] + 0.01 * torch.randn(20, 12, generator=torch.Generator().manual_seed(2))  # many positives
+    pairs = ranking_pairs(feats, 5)
+    assert torch.equal(pairs, pairs.T)
+    top = [set(sorted(range(12), key=lambda d: -float(row[d]))[:5]) for row in feats]
+    for i, j in itertools.product(range(40), repeat=2):
+        assert pairs[i, j] == float(top[i] == top[j])
+    assert pairs.sum() > 40  # the near-copies are positives, not only the diagonal
+
+
+def test_autonovel_rejects_topk_larger_than_the_feature_width():
+    with pytest.raises(ValueError, match="topk"):
+        ranking_pairs(torch.randn(3, 4), 5)
+
+
+def test_bounded_prior_keeps_tau_below_its_bound_where_the_faithful_prior_runs_away():
+    scores = torch.randn(512, 10, generator=torch.Generator().manual_seed(0)) * 0.2
+    scores[:, 0] += 0.6  # one dominant cluster: the gain keeps asking for more skew
+    free = AdaptiveSelfLabeler(10, gamma=0.1)
+    bounded = AdaptiveSelfLabeler(10, prior="bounded", gamma=0.1, max_imbalance=8.0)
+    assert bounded.imbalance_factor == pytest.approx(2.0)
+    for _ in range(60):
+        free(scores)
+        bounded(scores)
+    assert free.imbalance_factor > 20
+    assert 2.0 < bounded.imbalance_factor < 8.0
+
+
+def test_bounded_prior_needs_a_bound_above_one():
+    with pytest.raises(ValueError, match="max_imbalance"):
+        AdaptiveSelfLabeler(5, prior="bounded")
+    with pytest.raises(ValueError, match="max_imbalance"):
+        AdaptiveSelfLabeler(5, prior="bounded", max_imbalance=1.0)
+
+
+def test_bounded_prior_state_round_trips():
+    a = AdaptiveSelfLabeler(6, prior="bounded", gamma=0.5, max_imbalance=5.0)
+    scores = torch.randn(64, 6)
+    a(scores)
+    b = AdaptiveSelfLabeler(6, prior="bounded", gamma=0.5, max_imbalance=5.0)
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(a(scores), b(scores))
+    assert a.imbalance_factor == b.imbalance_factor
+
+
+def test_method_config_rejects_unknown_names_and_losses_naming_the_key():
+    with pytest.raises(ConfigError, match="method.name"):
+        apply_overrides(Config(), ["--method.name", "dino"])
+    with pytest.raises(ConfigError, match="method.loss"):
+        apply_overrides(Config(), ["--method.loss", "hinge"])
+    with pytest.raises(ConfigError, match="model.prototypes"):
+        apply_overrides(Config(), ["--prototypes", "random"])
+
+
+@pytest.mark.parametrize("method", ["uno", "autonovel"])
+def test_baselines_refuse_fixed_prototypes_naming_the_switch(method):
+    cfg = tiny_config(method)
+    cfg.model.prototypes = "etf"
+    with pytest.raises(MethodConfigError, match="model.prototypes=learnable"):
+        train(cfg, tiny_table())
+
+
+def test_build_method_resolves_the_loss_per_method():
+    cfg = Config()
+    assert build_method(cfg).loss == "mse"
+    for name in METHODS:
+        cfg.method.name = name
+        assert build_method(cfg).name == name
+    cfg.method.name = "uno"
+    assert build_method(cfg).loss == "ce"
