@@ -164,9 +164,9 @@ def class_table(names: Sequence[str], num_known: int, train_labels: Iterable[int
 def split_order(items: Sequence[Any], seed: int) -> list[Any]:
     """``items`` grouped by split (known, novel, val, test) and shuffled (seeded) inside each split.
 
-    Rows of one split then sit in contiguous row groups (a reader filtering on ``split`` skips the others
-    by their statistics), and a shard holds a random mix of classes, so workers that each read different
-    shards still see every class.
+    The shard writer keeps one buffer per split (a shard holds one split), so grouped input keeps only
+    one split's rows in memory; the shuffle gives every shard a random mix of classes, so workers that
+    read different shards all see every class.
     """
     ordered: list[Any] = []
     for split in SPLITS:
