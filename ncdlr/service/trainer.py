@@ -68,6 +68,17 @@ def resolve_use_gpu(setting: str) -> bool:
     return torch.cuda.is_available()
 
 
+def validate(state, splits) -> dict[str, float]:
+    """Cluster accuracy on the feature table's ``val`` split (never ``test``): ``val_all/known/novel``."""
+    from ncdlr.metrics import cluster_accuracy
+
+    from .train_loop import predict
+
+    pred = predict(state.model, splits.features["val"].split(1024), state.device)
+    scores = cluster_accuracy(splits.labels["val"].numpy(), pred, splits.num_known)
+    return {f"val_{key}": float(scores[key]) for key in ("all", "known", "novel")}
+
+
 # -- worker side ------------------------------------------------------------------------------------------
 
 def _rank_and_world() -> tuple[int, int]:
@@ -219,9 +230,13 @@ def train_worker(config: dict) -> None:
         else:
             rngs = [rng_state()]
         metrics["epoch_s"] = time.perf_counter() - start
-        print(f"[ncdlr] epoch {state.epoch}/{cfg.optim.epochs} done in {metrics['epoch_s']:.1f}s: loss "
-              f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
-              f"({metrics['steps_per_s']:.2f} steps/s)", flush=True) if rank == 0 else None
+        if rank == 0:
+            if splits is not None and "val" in splits.features:
+                metrics.update(validate(state, splits))
+            print(f"[ncdlr] epoch {state.epoch}/{cfg.optim.epochs} done in {metrics['epoch_s']:.1f}s: loss "
+                  f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
+                  f"({metrics['steps_per_s']:.2f} steps/s)"
+                  + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""), flush=True)
         if writer is not None:
             for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s"):
                 writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
@@ -278,7 +293,11 @@ def fit(cfg: Config) -> dict:
         cfg.model.feature_dim = summary.feature_dim
     save_config(cfg, output / "config.yaml")
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
+        if os.environ.get("RAY_ADDRESS"):  # `ray job submit` / a running cluster
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        else:  # a local Ray: more logical CPUs than the workers take, or Ray Data tasks starve (platform notes)
+            need = cfg.run.num_workers * cfg.run.cpus_per_worker + 2
+            ray.init(num_cpus=int(max(os.cpu_count() or 1, need)), log_to_driver=True)
     use_gpu = resolve_use_gpu(cfg.run.use_gpu)
     namespace = "ncdlr"
     actor_name = f"buffer-{cfg.run.name}-{uuid.uuid4().hex[:8]}"
@@ -302,9 +321,10 @@ def fit(cfg: Config) -> dict:
         ray.kill(actor)
     if result.error:
         raise result.error
-    checkpoint_path = result.checkpoint.path if result.checkpoint else ""
-    if result.checkpoint is not None and not _storage_path(cfg).startswith("s3://"):
-        checkpoint_path = str(Path(result.checkpoint.path))
+    checkpoint_path = ""
+    if result.checkpoint is not None:  # an s3 checkpoint's path has no scheme: restore it
+        checkpoint_path = ("s3://" + result.checkpoint.path.lstrip("/") if _storage_path(cfg).startswith("s3://")
+                           else str(Path(result.checkpoint.path)))
     out = {"output": str(output), "checkpoint": checkpoint_path, "metrics": dict(result.metrics or {}),
            "seconds": time.perf_counter() - start}
     (output / "checkpoint.txt").write_text(checkpoint_path + "\n")

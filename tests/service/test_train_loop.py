@@ -228,3 +228,15 @@ def test_unknown_checkpoint_version_is_refused(tmp_path):
         load_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing")
+
+
+def test_validation_scores_the_val_split_only(splits):
+    from ncdlr.service.trainer import validate
+
+    cfg = small_config()
+    state = new_state(cfg, splits)
+    with_val = type(splits)({**splits.features, "val": splits.features["test"]},
+                            {**splits.labels, "val": splits.labels["test"]}, KS, KU, splits.class_names)
+    scores = validate(state, with_val)
+    assert set(scores) == {"val_all", "val_known", "val_novel"}
+    assert all(0.0 <= v <= 1.0 for v in scores.values())
