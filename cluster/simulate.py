@@ -140,9 +140,9 @@ class SimulatedCluster:
         self.start_timeout_s = start_timeout_s
         self.auth_token = auth_token
         self.headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
-        self.env = self._node_env(env or {})
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
+        self.env = self._node_env(env or {})
         self._procs: list[subprocess.Popen] = []
         self._logs: list[Path] = []
 
@@ -169,8 +169,24 @@ class SimulatedCluster:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
-    def start(self) -> None:
-        """Start the head, then each worker node; return once the Jobs API answers and all nodes are alive."""
+    def start(self, attempts: int = 2) -> None:
+        """Start the head, then each worker node; return once the Jobs API answers and all nodes are alive.
+
+        On a loaded machine `ray start` can give up after its fixed 30 s wait for the raylet; then everything
+        started so far is stopped and the whole cluster is tried again on fresh ports, `attempts` times in all.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+                return
+            except SimulationError:
+                self.stop()
+                if attempt == attempts:
+                    raise
+                self.gcs_port, self.dashboard_port = free_port(), free_port()
+                self.env["RAY_ADDRESS"] = self.gcs_address
+
+    def _start_once(self) -> None:
         self._spawn(0, ["--head", f"--port={self.gcs_port}", "--include-dashboard=true",
                         "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                         f"--ray-client-server-port={free_port()}"])
@@ -198,6 +214,7 @@ class SimulatedCluster:
             _signal_group(proc.pid, signal.SIGKILL)  # stragglers in the group (workers, agents)
             proc.wait()
         self._procs.clear()
+        self._logs.clear()
 
     def leftover_processes(self) -> list[str]:
         """Command lines of live processes that still reference this cluster's temp dirs (empty when clean)."""
@@ -226,8 +243,9 @@ class SimulatedCluster:
     ) -> JobResult:
         """Submit `entrypoint` through the Ray Jobs API, wait until it ends, and return status and log.
 
-        The job runs in the cluster's environment (this virtual environment's `python` first on PATH), so
-        `python -m ncdlr...` imports the installed package; `env_vars` go into its runtime_env. A job still
+        The job runs in the cluster's environment (this virtual environment's `python` first on PATH, plus
+        DEFAULT_ENV), so `python -m ncdlr...` imports the installed package; `env_vars`, when given, become
+        the job's runtime_env (they then reach every task and actor of the job). A job still
         running after `timeout_s` is stopped and reported with status "TIMEOUT".
         """
         from ray.job_submission import JobSubmissionClient
@@ -235,7 +253,9 @@ class SimulatedCluster:
         client = JobSubmissionClient(self.dashboard_url, headers=self.headers)
         job_id = client.submit_job(
             entrypoint=entrypoint,
-            runtime_env={"env_vars": {**DEFAULT_ENV, **(env_vars or {})}},
+            # Only what the caller asks for: the job already inherits DEFAULT_ENV from the node processes,
+            # and a job-level env var that the driver's own ray.init(runtime_env=...) also sets is a conflict.
+            runtime_env={"env_vars": dict(env_vars)} if env_vars else None,
             metadata={"submitted_by": "cluster/simulate.py"},
         )
         deadline = time.monotonic() + timeout_s
@@ -262,7 +282,9 @@ class SimulatedCluster:
             env["RAY_AUTH_MODE"] = "disabled"
             env.pop("RAY_AUTH_TOKEN", None)
         env["PATH"] = f"{self.ray_executable.parent}{os.pathsep}{env.get('PATH', '')}"
-        env.pop("RAY_ADDRESS", None)
+        # Ray processes that look their cluster up by address=None (e.g. Ray Train's placement-group cleaner)
+        # find several clusters on a shared machine and fail; point them at this one.
+        env["RAY_ADDRESS"] = self.gcs_address
         env.update(extra)
         return env
 
@@ -284,7 +306,7 @@ class SimulatedCluster:
             f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
             "--disable-usage-stats",
         ]
-        log_path = self.root_dir / f"node{index}.log"
+        log_path = self.root_dir / f"node{index}-{self.gcs_port}.log"
         log = open(log_path, "wb")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=self.env, start_new_session=True)
@@ -447,6 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         entrypoint = training_entrypoint(output, args.train_args)
 
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     token = secrets.token_hex(16) if args.auth == "token" else None
     with SimulatedCluster([spec] * (1 + args.worker_nodes), auth_token=token) as cluster:
         print(f"cluster up: head + {args.worker_nodes} worker node(s); Jobs API at {cluster.dashboard_url}")

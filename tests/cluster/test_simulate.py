@@ -4,7 +4,6 @@ The slow tests start `ray start --block` processes (a head and one worker node, 
 256 MiB object store each) and submit jobs with `JobSubmissionClient`, the path `ray job submit` takes.
 """
 
-import importlib.util
 import json
 import secrets
 import shlex
@@ -26,6 +25,7 @@ from cluster.simulate import (
     training_entrypoint,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 SMALL = NodeSpec(num_cpus=2, object_store_bytes=256 * 1024 * 1024)
 
 
@@ -112,13 +112,44 @@ def test_jobs_reach_every_node_failures_are_reported_and_stop_leaves_nothing():
     assert cluster.leftover_processes() == []
 
 
+#: Keeps a training job small enough for 2 shared cores: 4 synthetic classes, 1 epoch, 2 half-CPU workers.
+TINY = "--epochs 1 --num-workers 2 --cpus-per-worker 0.5 --use-gpu false"
+
+
 @pytest.mark.slow
-def test_training_job_on_two_nodes_writes_metrics(tmp_path):
-    if importlib.util.find_spec("ncdlr.train_inat2k") is None:
-        pytest.skip("ncdlr.train_inat2k (issue 4) has not landed yet")
+def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_bucket):
+    """The production path: `--data s3://…` on a two-node cluster through the Jobs API.
+
+    The job gets the S3 endpoint and credentials the way a real cluster job gets its settings: through the
+    job's runtime_env (here the test's rclone server; on AWS the instance profile needs none). Checkpoints
+    go to a local --storage-path: Ray Train's s3:// storage creates nested directory markers, which the
+    rclone test server refuses (see the report of issue 7), so s3:// checkpoints are not covered here.
+    """
+    from ncdlr.data.builders import synthetic
+
+    data, output = f"{s3_bucket}/datasets/synthetic-4", tmp_path / "run"
+    synthetic.build(synthetic.SyntheticConfig(num_classes=4, seed=0), data, progress=False)
+    entrypoint = (f"python -m ncdlr.train_inat2k --config {shlex.quote(str(REPO / 'configs' / 'demo.yaml'))} "
+                  f"--data {data} --output {shlex.quote(str(output))} {TINY}")
+    with SimulatedCluster([SMALL, SMALL]) as cluster:
+        result = cluster.submit(entrypoint, env_vars=s3_server.env(), timeout_s=900)
+    assert result.status == "SUCCEEDED", result.logs[-5000:]
+    metrics = check_metrics(output)
+    assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
+    assert "world_size=2" in result.logs  # one DDP group of 2 workers
+    assert Path((output / "checkpoint.txt").read_text().strip()).is_dir()
+    assert cluster.leftover_processes() == []
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "ncdlr.train_inat2k's embedded default calls ray.init(num_cpus=...) even when submitted as a job "
+    "(RAY_ADDRESS set), which Ray refuses: 'When connecting to an existing cluster, num_cpus and num_gpus "
+    "must not be provided'. Remove this marker once it joins the job's cluster."))
+def test_embedded_default_job_on_two_nodes_writes_metrics(tmp_path):
     output = tmp_path / "run"
     with SimulatedCluster([SMALL, SMALL]) as cluster:
-        result = cluster.submit(training_entrypoint(output), timeout_s=600)
+        result = cluster.submit(training_entrypoint(output, f"--classes 4 {TINY}"), timeout_s=900)
     assert result.status == "SUCCEEDED", result.logs[-5000:]
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
