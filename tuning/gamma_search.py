@@ -37,7 +37,7 @@ TorchTrainer resumes from its last checkpoint.
 Outputs (in --output): trials.md / trials.csv (the ranked table, also printed), best.yaml (the best config —
 the base config with labeler.gamma/labeler.prior/optim.alpha set; `ncdlr train --config best.yaml` and
 `python -m ncdlr.train_inat2k --config best.yaml` accept it unchanged), gamma_scores.png (score vs γ, the
-uniform limit as a separate marker) and search.json. Any config field (--epochs, --batch-size, --lr, ...) can be
+uniform limit as a separate marker) and search.json. Any config field (--epochs, --batch-size, --optim.lr, ...) can be
 given to set the trials' base config.
 """
 
@@ -178,14 +178,15 @@ def _validation_callback_class():
     return ValidationScoreCallback
 
 
-def run_trial(config: dict, env: dict[str, str] | None = None) -> None:
+def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -> None:
     """Tune function trainable: one (γ, α) trained with the real trainer on the validation table.
 
-    ``config``: ``gamma``, ``alpha`` (searched), ``cfg`` (base Config dict, data.features = the validation
-    table), ``target_num_novel``, ``val_num_novel``, ``gamma_transfer``, ``workers``, ``cpus_per_trial``,
-    ``gpus_per_trial``, ``train_storage`` (where each trial's TorchTrainer keeps its checkpoints).
-    ``env``: the driver's ``AWS_*`` variables (given through ``tune.with_parameters``, so credentials stay out
-    of the stored trial configs); trial, Train controller and workers apply them.
+    ``config``: ``gamma``, ``alpha`` (the searched values). ``settings`` (the same for every trial, stored
+    with the experiment as ``search_settings.json``): ``cfg`` (base Config dict, data.features = the
+    validation table), ``target_num_novel``, ``val_num_novel``, ``gamma_transfer``, ``workers``,
+    ``cpus_per_trial``, ``gpus_per_trial``, ``train_storage`` (where each trial's TorchTrainer keeps its
+    checkpoints). ``env``: the driver's ``AWS_*`` variables; trial, Train controller and workers apply them.
+    ``settings`` and ``env`` come through ``tune.with_parameters``, so credentials stay out of stored configs.
     """
     import ray
     import ray.tune
@@ -196,16 +197,16 @@ def run_trial(config: dict, env: dict[str, str] | None = None) -> None:
     from ncdlr.service.trainer import summarize_data, train_worker
 
     os.environ.update(env or {})
-    gamma_run = trial_gamma(config["gamma"], config["val_num_novel"], config["target_num_novel"],
-                            config["gamma_transfer"])
-    cfg = apply_trial_params(from_dict(config["cfg"]), gamma_run, config["alpha"])
+    gamma_run = trial_gamma(config["gamma"], settings["val_num_novel"], settings["target_num_novel"],
+                            settings["gamma_transfer"])
+    cfg = apply_trial_params(from_dict(settings["cfg"]), gamma_run, config["alpha"])
     context = ray.tune.get_context()
     trial_id = context.get_trial_id()
     cfg.run.output = os.path.join(context.get_trial_dir(), "run")
     cfg.run.evaluate = False
-    workers = int(config["workers"])
-    use_gpu = config["gpus_per_trial"] > 0
-    cfg.run.num_workers, cfg.run.cpus_per_worker = workers, config["cpus_per_trial"] / workers
+    workers = int(settings["workers"])
+    use_gpu = settings["gpus_per_trial"] > 0
+    cfg.run.num_workers, cfg.run.cpus_per_worker = workers, settings["cpus_per_trial"] / workers
     cfg.run.use_gpu = "true" if use_gpu else "false"
     summary = summarize_data(cfg)
     cfg.model.feature_dim = summary.feature_dim
@@ -214,8 +215,8 @@ def run_trial(config: dict, env: dict[str, str] | None = None) -> None:
 
     namespace, actor_name = "ncdlr", f"buffer-tune-{trial_id}-{uuid.uuid4().hex[:6]}"
     actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, summary.num_novel, namespace)
-    resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": config["gpus_per_trial"] / workers} if use_gpu else {})}
-    storage_fs, storage_path = ray_storage(config["train_storage"])
+    resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": settings["gpus_per_trial"] / workers} if use_gpu else {})}
+    storage_fs, storage_path = ray_storage(settings["train_storage"])
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"cfg": cfg.to_dict(), "actor": actor_name, "namespace": namespace,
@@ -458,14 +459,15 @@ def write_best_config(base: Config, best: dict, path: Path, note: str) -> Config
     return load_yaml(path)  # the trainer's own loader: raises ConfigError if the file would be refused
 
 
-def collect_rows(result_grid, target_num_novel: int, val_num_novel: int, transfer: bool) -> list[dict]:
+def collect_rows(result_grid, settings: dict) -> list[dict]:
     """One row per trial from a Tune ResultGrid (last reported metrics)."""
     rows = []
+    target_num_novel, val_num_novel = settings["target_num_novel"], settings["val_num_novel"]
+    transfer, epochs = settings["gamma_transfer"], settings["cfg"]["optim"]["epochs"]
     for result in result_grid:
         metrics = result.metrics or {}
         gamma, alpha = result.config["gamma"], result.config["alpha"]
-        status = "error" if result.error else ("completed" if metrics.get("epoch") == result.config["cfg"]["optim"]["epochs"]
-                                                else "stopped")
+        status = "error" if result.error else ("completed" if metrics.get("epoch") == epochs else "stopped")
         rows.append({
             "trial": metrics.get("trial_id") or Path(result.path).name,
             "gamma": float(gamma), "gamma_trial": trial_gamma(float(gamma), val_num_novel, target_num_novel, transfer),
@@ -540,6 +542,26 @@ def _ensure_ray(embedded: bool) -> None:
                  log_to_driver=False)
 
 
+def _write_text(uri: str, text: str) -> None:
+    from ncdlr.data.storage import is_s3, resolve
+
+    if not is_s3(uri):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri).write_text(text)
+        return
+    fs, path = resolve(uri)
+    with fs.open_output_stream(path) as stream:
+        stream.write(text.encode())
+
+
+def _read_text(uri: str) -> str:
+    from ncdlr.data.storage import resolve
+
+    fs, path = resolve(uri)
+    with fs.open_input_stream(path) as stream:
+        return stream.read().decode()
+
+
 def _table_exists(uri: str) -> bool:
     from ncdlr.data.storage import resolve
 
@@ -587,7 +609,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"gamma_search: {err}", file=sys.stderr)
         return 2
-    epochs = base.optim.epochs
     from ncdlr.data.storage import StorageError, is_s3, join
 
     storage = args.storage or str(output / "ray")
@@ -629,21 +650,27 @@ def main(argv: list[str] | None = None) -> int:
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
     _ensure_ray(embedded)
-    transfer = args.gamma_transfer == "ku"
     trial_base = feature_mode(base)
     trial_base.data.features = table_uri
     params, points = search_space(space)
-    param_space = {**params, "cfg": trial_base.to_dict(), "target_num_novel": split.target_num_novel,
-                   "val_num_novel": split.num_novel, "gamma_transfer": transfer,
-                   "workers": args.workers_per_trial, "cpus_per_trial": args.cpus_per_trial,
-                   "gpus_per_trial": args.gpus_per_trial,
-                   "train_storage": join(experiment, "train") if is_s3(storage) else str(Path(experiment, "train"))}
+    settings_uri = join(experiment, "search_settings.json") if is_s3(storage) else str(Path(experiment, "search_settings.json"))
+    resuming = tune.Tuner.can_restore(experiment_path, storage_filesystem=storage_fs)
+    if resuming:
+        settings = json.loads(_read_text(settings_uri))
+    else:
+        settings = {"cfg": trial_base.to_dict(), "target_num_novel": split.target_num_novel,
+                    "val_num_novel": split.num_novel, "gamma_transfer": args.gamma_transfer == "ku",
+                    "workers": args.workers_per_trial, "cpus_per_trial": args.cpus_per_trial,
+                    "gpus_per_trial": args.gpus_per_trial,
+                    "train_storage": join(experiment, "train") if is_s3(storage) else str(Path(experiment, "train"))}
+        _write_text(settings_uri, json.dumps(settings, indent=2))
+    epochs = settings["cfg"]["optim"]["epochs"]
     concurrent = args.max_concurrent or max(1, int(ray.cluster_resources().get("CPU", 1) // max(args.cpus_per_trial, 0.01)))
     if embedded and not args.max_concurrent:
         concurrent = min(concurrent, 2)
     aws_env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-    trainable = tune.with_resources(tune.with_parameters(run_trial, env=aws_env), {"CPU": 0.01})
-    if tune.Tuner.can_restore(experiment_path, storage_filesystem=storage_fs):
+    trainable = tune.with_resources(tune.with_parameters(run_trial, settings=settings, env=aws_env), {"CPU": 0.01})
+    if resuming:
         print(f"[gamma_search] resuming the experiment at {experiment} (its search space and settings are kept)",
               flush=True)
         tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, resume_errored=True,
@@ -655,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=args.grace_period or max(1, epochs // 4),
                                   reduction_factor=args.reduction_factor)
         tuner = tune.Tuner(
-            trainable, param_space=param_space,
+            trainable, param_space=params,
             tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=scheduler, num_samples=args.num_samples,
                                         # max_concurrent_trials is ignored with a BasicVariantGenerator: set it here
                                         search_alg=BasicVariantGenerator(points_to_evaluate=points,
@@ -669,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = tuner.fit()
 
     # ---- results -------------------------------------------------------------------------------------------------
-    rows = rank_trials(collect_rows(grid, split.target_num_novel, split.num_novel, transfer))
+    rows = rank_trials(collect_rows(grid, settings))
     scored = [r for r in rows if r.get("score") is not None]
     table = format_table(rows)
     print(table)
