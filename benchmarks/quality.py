@@ -48,6 +48,7 @@ VARIANTS: dict[str, dict[str, dict]] = {
                   "labeler": {"prior": "uniform", "use_buffer": False}},
     "ncdlr": {},
     "ncdlr-bounded": {"labeler": {"prior": "bounded"}},
+    "ncdlr-anchored": {"labeler": {"prior": "anchored"}},
     "ncdlr-uniform": {"labeler": {"prior": "uniform"}},
     "ladder-buffer": {"model": {"prototypes": "learnable"}, "method": {"loss": "ce"}, "labeler": {"prior": "uniform"}},
     "ncdlr-nobuffer": {"labeler": {"use_buffer": False}},
@@ -56,9 +57,10 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-true": {"labeler": {"prior": "fixed"}},
     "ncdlr-free": {"labeler": {"prior": "free"}},
 }
-POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt")}
+POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
+              "ncdlr-anchored": ("none", "la", "crt")}
 LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdlr-uniform"), ("+ASL (ncdlr)", "ncdlr"),
-          ("+ASL bounded (ours)", "ncdlr-bounded"))
+          ("+ASL bounded (ours)", "ncdlr-bounded"), ("+ASL anchored (ours)", "ncdlr-anchored"))
 COLUMNS = ("all", "known", "novel", "novel_head", "novel_medium", "novel_tail")
 
 
@@ -111,7 +113,7 @@ def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits,
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
     cfg.run.seed = cfg.model.prototype_seed = seed
-    if cfg.labeler.prior == "bounded":
+    if cfg.labeler.prior in ("bounded", "anchored"):
         cfg.labeler.max_imbalance = known_imbalance(splits)
     return cfg
 
@@ -126,7 +128,7 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
     results = evaluate(trained, splits, posthoc=POSTHOC_OF.get(variant, ("none",)), temperature=cfg.method.temperature,
                        seed=seed)
     tau = trained.tau_history
-    learned_prior = cfg.labeler.prior in ("adaptive", "bounded", "free") and cfg.method.name == "ncdlr"
+    learned_prior = cfg.labeler.prior in ("adaptive", "bounded", "anchored", "free") and cfg.method.name == "ncdlr"
     return {"dataset": dataset, "variant": variant, "seed": seed, "results": results,
             "tau_final": tau[-1] if tau and learned_prior else None, "tau_max": max(tau) if tau and learned_prior else None,
             "tau_history": tau[:: max(1, len(tau) // 50)] if learned_prior else [],

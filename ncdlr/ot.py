@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-PriorKind = Literal["adaptive", "uniform", "fixed", "free", "bounded"]
+PriorKind = Literal["adaptive", "uniform", "fixed", "free", "bounded", "anchored"]
 
 
 def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int) -> Tensor:
@@ -101,6 +101,11 @@ def bounded_cluster_prior(t: Tensor, num_clusters: int, max_imbalance: float) ->
     ranks = torch.arange(num_clusters, dtype=t.dtype, device=t.device)
     log_tau = math.log(max_imbalance) * torch.sigmoid(t)
     return torch.softmax(-ranks / (num_clusters - 1) * log_tau, dim=0)
+
+
+def kl_divergence(reference: Tensor, w: Tensor) -> Tensor:
+    """``KL(a ‖ w) = Σ_k a_k log(a_k / w_k)`` for probability vectors ``[K]`` (nats)."""
+    return (reference * (torch.log(reference) - torch.log(w))).sum()
 
 
 def rank_by_mass(log_mass: Tensor) -> Tensor:
@@ -194,6 +199,10 @@ class AdaptiveSelfLabeler(nn.Module):
         (the authors' τ ≈ 1.0067 barely moves — trap b).
         ``bounded``: ``w(τ)`` of :func:`bounded_cluster_prior`, ``τ < max_imbalance``; starts at the
         same ``τ`` as ``adaptive`` (``1 + exp(init_t)``, clipped below the bound).
+        ``anchored``: ``w(τ)`` as ``adaptive``, but the KL term pulls towards ``w(τ̂)`` instead of the
+        uniform ``ν`` — ``γ · KL(w(τ̂) ‖ w(τ)) / K`` with ``τ̂ = max_imbalance`` an estimate made outside
+        the self-labeling loop (e.g. the known classes' ``n_max / n_min``); ``t`` starts at ``τ̂``.
+        ``γ → ∞`` fixes the prior at ``w(τ̂)``; ``γ → 0`` is the unregularised adaptive prior.
         ``uniform``: ``w = 1/K``, nothing learned. ``fixed``: a given size profile (e.g. the true
         one), sorted descending and assigned by soft-mass rank. ``free``: ``w = softmax(θ)``, a
         learned point of the simplex (the paper's non-parametric ablation).
@@ -221,10 +230,10 @@ class AdaptiveSelfLabeler(nn.Module):
         super().__init__()
         if num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
-        if prior not in ("adaptive", "uniform", "fixed", "free", "bounded"):
-            raise ValueError(f"prior must be adaptive|uniform|fixed|free|bounded, got {prior!r}")
-        if prior == "bounded" and (max_imbalance is None or not max_imbalance > 1):
-            raise ValueError(f"prior='bounded' needs max_imbalance > 1, got {max_imbalance!r}")
+        if prior not in ("adaptive", "uniform", "fixed", "free", "bounded", "anchored"):
+            raise ValueError(f"prior must be adaptive|uniform|fixed|free|bounded|anchored, got {prior!r}")
+        if prior in ("bounded", "anchored") and (max_imbalance is None or not max_imbalance > 1):
+            raise ValueError(f"prior={prior!r} needs max_imbalance > 1 (bound or anchor τ̂), got {max_imbalance!r}")
         if eps <= 0 or n_iters < 1 or outer_steps < 1 or gamma < 0:
             raise ValueError(f"need eps > 0, n_iters >= 1, outer_steps >= 1, gamma >= 0; got {eps}, {n_iters}, {outer_steps}, {gamma}")
         self.num_clusters = num_clusters
@@ -237,6 +246,9 @@ class AdaptiveSelfLabeler(nn.Module):
         self.max_imbalance = max_imbalance
         if prior == "adaptive":
             self.t = nn.Parameter(torch.tensor(float(init_t)))
+        elif prior == "anchored":
+            self.t = nn.Parameter(torch.tensor(math.log(max_imbalance - 1.0)))
+            self.register_buffer("anchor", cluster_prior(torch.tensor(math.log(max_imbalance - 1.0)), num_clusters))
         elif prior == "bounded":
             start = min(1.0 + math.exp(init_t), 1.0 + 0.5 * (max_imbalance - 1.0))  # τ₀, strictly inside (1, τ_max)
             share = math.log(start) / math.log(max_imbalance)
@@ -251,13 +263,14 @@ class AdaptiveSelfLabeler(nn.Module):
         params = list(self.parameters())
         self._optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum) if params else None
         self.last_prior: Tensor = torch.full((num_clusters,), 1.0 / num_clusters)
+        self._rank_of_cluster = torch.arange(num_clusters)  # ranks of the current call (set in forward)
         self.last_objective: float = float("nan")
 
     # -- state -------------------------------------------------------------------------------
     @property
     def imbalance_factor(self) -> float:
         """``τ = w_max / w_min`` of the current prior (``1 + exp(t)`` for ``adaptive``)."""
-        if self.prior == "adaptive":
+        if self.prior in ("adaptive", "anchored"):
             return 1.0 + math.exp(float(self.t.detach()))
         if self.prior == "bounded":
             return self.max_imbalance ** float(torch.sigmoid(self.t.detach()))
@@ -281,13 +294,17 @@ class AdaptiveSelfLabeler(nn.Module):
             return torch.softmax(self.logits, dim=0)
         if self.prior == "bounded":
             return bounded_cluster_prior(self.t, k, self.max_imbalance)[rank_of_cluster]
-        ranked = cluster_prior(self.t, k) if self.prior == "adaptive" else self.ranked_prior
+        ranked = cluster_prior(self.t, k) if self.prior in ("adaptive", "anchored") else self.ranked_prior
         return ranked[rank_of_cluster]
 
     def objective(self, kernel: ScaledKernel, col_marginal: Tensor) -> tuple[Tensor, Tensor]:
         """``F(w)`` for the prepared kernel and marginal; also returns the column potential ``ṽ``."""
         v = kernel.column_scaling(col_marginal, self.n_iters)
-        value = -kernel.transport_gain(v) + self.gamma * kl_from_uniform(col_marginal) / self.num_clusters
+        if self.prior == "anchored":  # both in cluster order: the anchor is ranked like the prior
+            divergence = kl_divergence(self.anchor[self._rank_of_cluster], col_marginal)
+        else:
+            divergence = kl_from_uniform(col_marginal)
+        value = -kernel.transport_gain(v) + self.gamma * divergence / self.num_clusters
         return value, v
 
     def forward(self, scores: Tensor, last: int | None = None) -> Tensor:
@@ -306,6 +323,7 @@ class AdaptiveSelfLabeler(nn.Module):
         if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
             raise ValueError("scores must be finite (NaN or inf found)")
         rank_of_cluster = rank_by_mass(kernel.log_mass)
+        self._rank_of_cluster = rank_of_cluster
         with torch.enable_grad():
             if self._optimizer is None:
                 w = self._column_marginal(rank_of_cluster)

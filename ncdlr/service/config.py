@@ -57,7 +57,7 @@ class ModelConfig:
 class LabelerConfig:
     """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
 
-    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" | "free" | "bounded" (τ ≤ max_imbalance)
+    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" | "free" | "bounded" (τ ≤ max_imbalance) | "anchored" (KL to w(max_imbalance))
     eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
     n_iters: int = 3  #: T, Sinkhorn iterations per solve
     outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
@@ -67,7 +67,7 @@ class LabelerConfig:
     init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
     buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
     use_buffer: bool = True  #: off → solve on the current gathered batch only
-    max_imbalance: float = 0.0  #: prior "bounded": upper bound of τ; 0 → the known classes' imbalance n_max/n_min
+    max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
 
 
 @dataclass
@@ -127,7 +127,7 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.head": ("auto", "identity", "expand", "linear", "mlp"),
-    "labeler.prior": ("adaptive", "uniform", "fixed", "free", "bounded"),
+    "labeler.prior": ("adaptive", "uniform", "fixed", "free", "bounded", "anchored"),
     "model.prototypes": ("etf", "learnable"),
     "method.name": ("ncdlr", "uno", "autonovel"),
     "method.loss": ("auto", "mse", "ce"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -175,3 +176,27 @@ def test_build_method_resolves_the_loss_per_method():
         assert build_method(cfg).name == name
     cfg.method.name = "uno"
     assert build_method(cfg).loss == "ce"
+
+
+def test_anchored_prior_starts_at_its_anchor_and_stays_near_it_where_the_faithful_prior_runs_away():
+    scores = torch.randn(512, 10, generator=torch.Generator().manual_seed(0)) * 0.2
+    scores[:, 0] += 0.6
+    anchored = AdaptiveSelfLabeler(10, prior="anchored", gamma=10.0, max_imbalance=8.0)
+    assert anchored.imbalance_factor == pytest.approx(8.0)
+    for _ in range(40):
+        anchored(scores)
+    assert 4.0 < anchored.imbalance_factor < 16.0
+
+
+def test_anchored_prior_with_a_huge_gamma_is_the_fixed_geometric_prior():
+    from ncdlr.ot import cluster_prior
+
+    scores = torch.randn(256, 6, generator=torch.Generator().manual_seed(3))
+    anchored = AdaptiveSelfLabeler(6, prior="anchored", gamma=1e6, max_imbalance=5.0, lr=1e-4)
+    fixed = AdaptiveSelfLabeler(6, prior="fixed", fixed_prior=cluster_prior(torch.tensor(math.log(4.0)), 6))
+    assert torch.allclose(anchored(scores), fixed(scores), atol=1e-4)
+
+
+def test_anchored_prior_needs_an_anchor():
+    with pytest.raises(ValueError, match="max_imbalance"):
+        AdaptiveSelfLabeler(5, prior="anchored")
