@@ -89,8 +89,17 @@ def test_final_user_is_not_root():
 def test_dependencies_install_from_the_lock_before_the_package():
     runs = instructions("RUN")
     lock_install = next(i for i, run in enumerate(runs) if "-r requirements.lock" in run)
-    package_install = next(i for i, run in enumerate(runs) if "--no-deps ." in run)
+    package_install = next(i for i, run in enumerate(runs) if "--no-deps -e ." in run)
     assert lock_install < package_install
+
+
+def test_configs_sit_beside_the_package_where_the_entry_points_look():
+    from ncdlr.train_inat2k import CONFIGS
+
+    assert CONFIGS == REPO / "configs"  # <package>/../configs: the editable install keeps that layout
+    copies = instructions("COPY")
+    assert any(copy.split()[-2:] == ["ncdlr", "./ncdlr"] for copy in copies)
+    assert any(copy.split()[-2:] == ["configs", "./configs"] for copy in copies)
 
 
 def dockerignore_patterns() -> list[str]:

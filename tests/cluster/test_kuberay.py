@@ -135,7 +135,7 @@ def test_rayjob_entrypoint_is_the_readme_job(rayjob):
     words = shlex.split(entrypoint)
     assert entrypoint.startswith(ENTRYPOINT_PREFIX)
     assert words[words.index("--data") + 1].startswith("s3://")
-    assert "--use-gpu" in words and int(words[words.index("--num-workers") + 1]) >= 1
+    assert words[words.index("--use-gpu") + 1] == "true" and int(words[words.index("--num-workers") + 1]) >= 1
     readme = (REPO / "cluster" / "README.md").read_text()
     assert f"-- {entrypoint}" in readme, "cluster/README.md's `ray job submit` runs another entrypoint"
 
@@ -145,3 +145,12 @@ def test_token_auth_uses_the_secret_the_readme_creates(raycluster, rayjob):
     for spec in cluster_specs(raycluster, rayjob):
         assert spec["authOptions"]["mode"] == "token"
         assert f"kubectl create secret generic {spec['authOptions']['secretName']} " in readme
+
+
+def test_rayjob_entrypoint_parses_with_the_jobs_own_command_line(rayjob):
+    from ncdlr.service.config import load_config
+    from ncdlr.train_inat2k import CONFIGS, build_parser
+
+    args = build_parser().parse_args(shlex.split(rayjob["spec"]["entrypoint"])[3:])
+    assert args.data.startswith("s3://")
+    assert (CONFIGS / "inat18_2k.yaml").is_file() and load_config(CONFIGS / "inat18_2k.yaml")
