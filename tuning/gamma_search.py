@@ -573,7 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     from ncdlr.service.config import apply_overrides, load_config, overrides_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for key, value in {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}.items():
+    # Before ray.init, so Ray's processes inherit them: fast report polling; and a worker-group start timeout
+    # well above Ray's 60 s, which a loaded small machine exceeds (the controller then retries forever).
+    for key, value in {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+                       "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "900"}.items():
         os.environ.setdefault(key, value)
     args = build_parser().parse_args(argv)
     start = time.perf_counter()

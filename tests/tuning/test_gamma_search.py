@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,9 @@ from tuning.gamma_search import (
 )
 
 ROOT = Path(__file__).parents[2]
+# Set at collection, before the session's Ray starts: on a loaded machine a Train worker can take longer than
+# Ray's default 60 s to start, and the Train controller then retries forever (seen here at load average 60+).
+os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
 
 
 def test_search_space_contains_the_uniform_candidate():
