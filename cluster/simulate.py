@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -99,7 +100,7 @@ def node_resource_name(index: int) -> str:
 
 
 class SimulatedCluster:
-    """A head and worker nodes as separate `ray start --block` processes on 127.0.0.1.
+    """A head and worker nodes as separate `ray start --block` processes on this machine.
 
     Use as a context manager; `dashboard_url` is the Jobs API address (what `ray job submit --address`
     takes). Each node's processes live in their own process group and temp dir under `root_dir`, so
@@ -107,8 +108,8 @@ class SimulatedCluster:
 
     Args:
         nodes: one NodeSpec per node; the first is the head. Needs at least one.
-        root_dir: where node temp dirs and logs go; a fresh short temp dir when None (Ray's socket paths
-            must stay under ~107 characters, so keep it short).
+        root_dir: where node temp dirs and logs go; a fresh short temp dir when None, removed on exit
+            (Ray's socket paths must stay under ~107 characters, so keep it short).
         ray_executable: the `ray` CLI to run; defaults to the one beside this Python interpreter, so the
             cluster (and the job's `python`) use the same virtual environment.
         env: extra environment variables for every node process (and so for the job).
@@ -168,6 +169,8 @@ class SimulatedCluster:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+        if self._owns_root:  # node logs and session dirs; the job's log was already returned by submit()
+            shutil.rmtree(self.root_dir, ignore_errors=True)
 
     def start(self, attempts: int = 2) -> None:
         """Start the head, then each worker node; return once the Jobs API answers and all nodes are alive.
