@@ -17,7 +17,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
   classes' imbalance n_max/n_min), and the ablations ncdlr-uniform (= ladder "+EP"), ladder-buffer (learnable
   prototypes + CE + buffer + uniform prior = ladder "+buffer"), ncdlr-nobuffer, ncdlr-learnable, ncdlr-ce,
-  ncdlr-true (fixed true novel counts), ncdlr-free. Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
+  ncdlr-true (fixed true novel counts), ncdlr-free; ncdlr-anchored (ours: KL towards w(τ̂), τ̂ = the known
+  classes' imbalance, instead of towards uniform). Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart --seeds 3 \\
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from ncdlr.methods.run import evaluate, known_imbalance, train
+from ncdlr.methods.select import select_gamma
 from ncdlr.service.config import Config
 from ncdlr.service.train_loop import FeatureSplits
 
@@ -49,6 +51,7 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr": {},
     "ncdlr-bounded": {"labeler": {"prior": "bounded"}},
     "ncdlr-anchored": {"labeler": {"prior": "anchored"}},
+    "ncdlr-valgamma": {"labeler": {"prior": "bounded"}, "select": {"gamma": True}},
     "ncdlr-uniform": {"labeler": {"prior": "uniform"}},
     "ladder-buffer": {"model": {"prototypes": "learnable"}, "method": {"loss": "ce"}, "labeler": {"prior": "uniform"}},
     "ncdlr-nobuffer": {"labeler": {"use_buffer": False}},
@@ -58,9 +61,10 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-free": {"labeler": {"prior": "free"}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
-              "ncdlr-anchored": ("none", "la", "crt")}
+              "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt")}
 LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdlr-uniform"), ("+ASL (ncdlr)", "ncdlr"),
-          ("+ASL bounded (ours)", "ncdlr-bounded"), ("+ASL anchored (ours)", "ncdlr-anchored"))
+          ("+ASL bounded (ours)", "ncdlr-bounded"), ("+ASL anchored (ours)", "ncdlr-anchored"),
+          ("+ASL bounded, γ by known-class rehearsal (ours)", "ncdlr-valgamma"))
 COLUMNS = ("all", "known", "novel", "novel_head", "novel_medium", "novel_tail")
 
 
@@ -110,6 +114,8 @@ def dataset_config(name: str, epochs: int | None) -> Config:
 def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None) -> Config:
     cfg = dataset_config(dataset, epochs)
     for section, values in VARIANTS[variant].items():
+        if section == "select":
+            continue
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
     cfg.run.seed = cfg.model.prototype_seed = seed
@@ -123,6 +129,9 @@ def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits,
 def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None) -> dict:
     cfg = variant_config(dataset, variant, seed, splits, epochs)
     cpu = time.process_time()
+    selection = {}
+    if VARIANTS[variant].get("select", {}).get("gamma"):
+        cfg.labeler.gamma, selection = select_gamma(cfg, splits)
     trained = train(cfg, splits)
     start = time.perf_counter()
     results = evaluate(trained, splits, posthoc=POSTHOC_OF.get(variant, ("none",)), temperature=cfg.method.temperature,
@@ -133,7 +142,7 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "tau_final": tau[-1] if tau and learned_prior else None, "tau_max": max(tau) if tau and learned_prior else None,
             "tau_history": tau[:: max(1, len(tau) // 50)] if learned_prior else [],
             "train_s": trained.seconds, "cpu_s": time.process_time() - cpu, "eval_s": time.perf_counter() - start, "epochs": cfg.optim.epochs,
-            "gamma": cfg.labeler.gamma, "max_imbalance": cfg.labeler.max_imbalance}
+            "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance}
 
 
 def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None) -> Path:
@@ -178,6 +187,18 @@ def render(cells: list[dict], datasets: list[str], variants: list[str], header: 
     return "\n".join(lines) + "\n"
 
 
+BEGIN, END = "<!-- quality.py tables: begin -->", "<!-- quality.py tables: end -->"
+
+
+def write_between_markers(path: Path, table: str) -> None:
+    """Replace the generated block of ``path`` (between the markers), keeping the hand-written analysis."""
+    text = path.read_text() if path.is_file() else f"# Discovery quality\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(f"{head}{BEGIN}\n{table}{END}{rest.split(END, 1)[1]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=["synthetic", "openclipart"], choices=["synthetic", "openclipart"])
@@ -217,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     table = render(cells, args.datasets, args.variants, header)
     print(table)
     if args.out:
-        args.out.write_text(table)
+        write_between_markers(args.out, table)
     return 0
 
 

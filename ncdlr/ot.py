@@ -201,7 +201,8 @@ class AdaptiveSelfLabeler(nn.Module):
         same ``τ`` as ``adaptive`` (``1 + exp(init_t)``, clipped below the bound).
         ``anchored``: ``w(τ)`` as ``adaptive``, but the KL term pulls towards ``w(τ̂)`` instead of the
         uniform ``ν`` — ``γ · KL(w(τ̂) ‖ w(τ)) / K`` with ``τ̂ = max_imbalance`` an estimate made outside
-        the self-labeling loop (e.g. the known classes' ``n_max / n_min``); ``t`` starts at ``τ̂``.
+        the self-labeling loop (e.g. the known classes' ``n_max / n_min``); ``t`` starts at ``init_t``
+        like ``adaptive`` (τ = 2: starting at τ̂ lets an early, arbitrary cluster ranking claim the big sizes).
         ``γ → ∞`` fixes the prior at ``w(τ̂)``; ``γ → 0`` is the unregularised adaptive prior.
         ``uniform``: ``w = 1/K``, nothing learned. ``fixed``: a given size profile (e.g. the true
         one), sorted descending and assigned by soft-mass rank. ``free``: ``w = softmax(θ)``, a
@@ -247,7 +248,7 @@ class AdaptiveSelfLabeler(nn.Module):
         if prior == "adaptive":
             self.t = nn.Parameter(torch.tensor(float(init_t)))
         elif prior == "anchored":
-            self.t = nn.Parameter(torch.tensor(math.log(max_imbalance - 1.0)))
+            self.t = nn.Parameter(torch.tensor(float(init_t)))
             self.register_buffer("anchor", cluster_prior(torch.tensor(math.log(max_imbalance - 1.0)), num_clusters))
         elif prior == "bounded":
             start = min(1.0 + math.exp(init_t), 1.0 + 0.5 * (max_imbalance - 1.0))  # τ₀, strictly inside (1, τ_max)

@@ -10,6 +10,7 @@ for the post-hoc +LA and +cRT variants of the same trained model.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -63,7 +64,9 @@ def train(cfg, splits) -> TrainedRun:
     cfg.model.encoder, cfg.model.feature_dim = "identity", splits.dim
     model = build_model(cfg.model, splits.num_known, splits.num_novel)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)
-    state = build_worker_state(cfg, model, steps, torch.device("cpu"))
+    plain = copy.deepcopy(cfg)
+    plain.labeler.prior = "uniform"  # build_worker_state cannot give prior="fixed" its counts; ours replaces it
+    state = build_worker_state(plain, model, steps, torch.device("cpu"))
     state.labeler = build_labeler(cfg, splits)
     buffer = LocalBuffer(cfg.labeler.buffer_size, splits.num_novel) if cfg.labeler.use_buffer else None
     for epoch in range(cfg.optim.epochs):

@@ -178,11 +178,11 @@ def test_build_method_resolves_the_loss_per_method():
     assert build_method(cfg).loss == "ce"
 
 
-def test_anchored_prior_starts_at_its_anchor_and_stays_near_it_where_the_faithful_prior_runs_away():
+def test_anchored_prior_stays_near_its_anchor_where_the_faithful_prior_runs_away():
     scores = torch.randn(512, 10, generator=torch.Generator().manual_seed(0)) * 0.2
     scores[:, 0] += 0.6
     anchored = AdaptiveSelfLabeler(10, prior="anchored", gamma=10.0, max_imbalance=8.0)
-    assert anchored.imbalance_factor == pytest.approx(8.0)
+    assert anchored.imbalance_factor == pytest.approx(2.0)
     for _ in range(40):
         anchored(scores)
     assert 4.0 < anchored.imbalance_factor < 16.0
@@ -192,7 +192,7 @@ def test_anchored_prior_with_a_huge_gamma_is_the_fixed_geometric_prior():
     from ncdlr.ot import cluster_prior
 
     scores = torch.randn(256, 6, generator=torch.Generator().manual_seed(3))
-    anchored = AdaptiveSelfLabeler(6, prior="anchored", gamma=1e6, max_imbalance=5.0, lr=1e-4)
+    anchored = AdaptiveSelfLabeler(6, prior="anchored", gamma=1e6, max_imbalance=5.0, init_t=math.log(4.0), lr=1e-4)
     fixed = AdaptiveSelfLabeler(6, prior="fixed", fixed_prior=cluster_prior(torch.tensor(math.log(4.0)), 6))
     assert torch.allclose(anchored(scores), fixed(scores), atol=1e-4)
 
@@ -200,3 +200,24 @@ def test_anchored_prior_with_a_huge_gamma_is_the_fixed_geometric_prior():
 def test_anchored_prior_needs_an_anchor():
     with pytest.raises(ValueError, match="max_imbalance"):
         AdaptiveSelfLabeler(5, prior="anchored")
+
+
+def test_known_class_proxy_splits_the_known_classes_and_hides_no_row():
+    from ncdlr.methods.select import known_class_proxy
+
+    splits = tiny_table()
+    proxy = known_class_proxy(splits, seed=0)
+    assert (proxy.num_known, proxy.num_novel) == (2, 2)
+    assert proxy.features["known"].shape[0] + proxy.features["novel"].shape[0] == splits.features["known"].shape[0]
+    assert proxy.labels["known"].max() < 2 <= proxy.labels["novel"].min()
+    assert torch.equal(proxy.features["test"], proxy.features["novel"])
+
+
+def test_select_gamma_returns_one_candidate_rescaled_to_the_real_ku():
+    from ncdlr.methods.select import select_gamma
+
+    cfg = tiny_config("ncdlr")
+    cfg.optim.epochs = 3
+    gamma, scores = select_gamma(cfg, tiny_table(), gamma_per_cluster=(0.1, 1.0))
+    assert set(scores) == {0.1, 1.0} and all(0 <= v <= 1 for v in scores.values())
+    assert gamma in (0.1 * KU, 1.0 * KU)
