@@ -464,12 +464,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--worker-nodes must be >= 0, got {args.worker_nodes}")
 
     spec = NodeSpec(num_cpus=args.cpus_per_node, object_store_bytes=args.object_store_mib * 1024 * 1024)
-    output = args.output or Path(tempfile.mkdtemp(prefix="ncdlr-sim-run-"))
+    output = None
     if args.probe:
         entrypoint = probe_entrypoint(1 + args.worker_nodes)
     elif args.entrypoint:
         entrypoint = args.entrypoint
     else:
+        output = args.output or Path(tempfile.mkdtemp(prefix="ncdlr-sim-run-"))
         entrypoint = training_entrypoint(output, args.train_args)
 
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the cluster below is stopped, not orphaned.
@@ -485,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.probe:
         print("probe:", json.dumps(parse_probe(result.logs)["task_nodes"]))
-    elif not args.entrypoint:
+    elif output is not None:
         metrics = check_metrics(output)
         print(f"metrics.json at {output}: " + ", ".join(f"{k}={metrics[k]}" for k in METRIC_KEYS))
     return 0
