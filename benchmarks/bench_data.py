@@ -3,20 +3,21 @@ plain torch DataLoader over the JPEG files, at the same CPU count, in one run.
 
 All three do the same work per image: decode the JPEG and produce two RandomResizedCrop+flip views,
 normalised float32 [3, S, S] (``ncdlr.data.transforms.TrainViews``), delivered as torch tensors in
-batches. Each path makes ``--passes`` epochs over the data, interleaved round by round (so a change in a shared
-machine's load hits every path alike) and timed separately: pass 1 includes the start-up (Ray Data plans
-the read and starts its tasks; the DataLoader forks its workers), later passes show the rate a
-multi-epoch training run sees. ``ray.init`` is not timed. The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
+batches. Each path makes ``--passes`` epochs over the data, interleaved round by round (so a change in a
+shared machine's load hits every path alike) and timed separately: pass 1 includes the start-up (Ray Data
+plans the read and starts its tasks on already running workers; the DataLoader forks its workers); later
+passes show the rate a multi-epoch training run sees. ``ray.init`` is not timed.
+
+The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
 DataLoader) and once as a prepared dataset (parquet shards + manifest) on local disk and on a local
 ``rclone serve s3``.
 
-    .venv/bin/python benchmarks/bench_data.py --images 3000 --cpus 2
+    .venv/bin/python benchmarks/bench_data.py --images 1200 --image-size 224 --passes 4 --cpus 2
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import platform
 import sys
@@ -142,6 +143,8 @@ def main() -> int:
             write_dataset(uri, records, classes, info, progress=False, overwrite=True)
         del records
         ray.init(num_cpus=args.cpus, object_store_memory=1024**3, log_to_driver=False, include_dashboard=False)
+        # Start Ray's worker processes before timing (a training job has them running already).
+        ray.data.range(4 * args.cpus, override_num_blocks=2 * args.cpus).map_batches(lambda b: b).materialize()
         try:
             datasets = {name: build_datasets(uri, cfg, train_splits=("known",), eval_splits=())["known"]
                         for name, uri in (("Ray Data, rclone S3", s3_uri), ("Ray Data, local disk", local_uri))}

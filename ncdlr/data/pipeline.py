@@ -50,7 +50,7 @@ from ray.data.collate_fn import NumpyBatchCollateFn
 from ray.data.datasource import Datasource, ReadTask
 
 from ncdlr.data.manifest import Manifest, read_manifest
-from ncdlr.data.records import SPLITS
+from ncdlr.data.records import GROUPS, SPLITS
 from ncdlr.data.shards import SCHEMA, check_shard
 from ncdlr.data.storage import join, resolve, with_retries
 from ncdlr.data.transforms import EvalView, TrainViews, split_valid
@@ -171,8 +171,8 @@ def _verify(uri: str, manifest: Manifest, splits: Sequence[str], mode: str, endp
             check_shard(fs, join(base, shard.path), shard, join(uri, shard.path), checksum=mode == "checksum")
 
 
-def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size", shuffle_files: Iterable[str] = (),
-                endpoint_url: str | None = None) -> dict[str, Any]:
+def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
+                shuffle_files: Iterable[str] | None = None, endpoint_url: str | None = None) -> dict[str, Any]:
     """One lazy ``ray.data.Dataset`` of raw rows (``image`` bytes, ``label``, ``split``, ``class_name``,
     ``source_id``) per requested split of the prepared dataset at ``uri``.
 
@@ -180,7 +180,8 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size", s
     the manifest first: ``"size"`` (object size and parquet row count: one listing and one footer read per
     shard), ``"checksum"`` (SHA-256 of every shard: reads them all once), ``"none"``. Raises the
     ``StorageError``/``DatasetFormatError`` naming the bad URI or file, and ``ValueError`` for a split the
-    dataset does not have. Splits in ``shuffle_files`` read their shards in a new random order every epoch.
+    dataset does not have. Splits in ``shuffle_files`` (default: the training splits ``known`` and ``novel``)
+    read their shards in a new random order every epoch.
     """
     splits = list(split_names)
     if unknown := [s for s in splits if s not in SPLITS]:
@@ -190,13 +191,14 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size", s
     if empty:
         raise ValueError(f"{uri}: split(s) {empty} hold no rows (the dataset has {manifest.split_counts})")
     _verify(uri, manifest, splits, verify, endpoint_url)
+    shuffled = set(GROUPS if shuffle_files is None else shuffle_files)
     fs, base = resolve(uri, endpoint_url)
     datasets = {}
     for split in splits:
         shards = [s for s in manifest.shards if s.split == split]
         source = ShardDatasource(fs, [join(base, s.path) for s in shards], rows=[s.rows for s in shards],
                                  sizes=[s.bytes for s in shards], columns=SCHEMA.names,
-                                 shuffle=split in set(shuffle_files))
+                                 shuffle=split in shuffled)
         datasets[split] = ray.data.read_datasource(source)
     return datasets
 

@@ -4,7 +4,6 @@ two Ray Train workers receiving disjoint shards."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +194,16 @@ def test_a_corrupt_jpeg_in_a_shard_is_skipped_and_counted(data_ray, tmp_path: Pa
     assert len(novel_ids) == 15 and victim.source_id not in novel_ids
     assert all(s["known"]["view1"].shape == (4, 3, SIZE, SIZE) for s in steps)
     assert all(s["novel"]["label"].dtype == torch.int64 for s in steps)
+
+
+@pytest.mark.slow
+def test_training_splits_read_their_shards_in_a_new_order_every_epoch(data_ray, tmp_path: Path) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), target_shard_bytes=2048, progress=False)
+    assert sum(s.split == "known" for s in manifest.shards) >= 6
+    known = load_splits(str(tmp_path / "ds"), ["known"])["known"]
+    orders = [tuple(r["source_id"] for r in known.iter_rows()) for _ in range(3)]
+    assert len(set(orders)) > 1, "three epochs in the same order"
+    assert all(sorted(o) == sorted(orders[0]) and len(o) == 18 for o in orders), "every epoch is one full pass"
 
 
 @pytest.mark.slow
