@@ -410,13 +410,18 @@ class PairedBatches:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._known_stream is None:
             self._known_stream = self._cycle_known()
+        steps = 0
         for novel in self._batches(self.novel):
             known, bad_known = self._prepare(next(self._known_stream))
             novel, bad_novel = self._prepare(novel)
             bad = bad_known + bad_novel
             if bad:
                 log.warning("dropped %d undecodable image(s): %s", len(bad), ", ".join(bad))
+            steps += 1
             yield {"known": known, "novel": novel, "bad_source_ids": bad}
+        if steps == 0:
+            raise ValueError(f"the novel stream holds fewer than batch_size={self.batch_size} rows on this worker, "
+                             "so an epoch has no step: lower the batch size or use fewer workers")
 
 
 def iter_paired_batches(known_shard: Any, novel_shard: Any, batch_size: int, **kwargs: Any) -> Iterator[dict[str, Any]]:

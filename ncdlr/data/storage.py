@@ -106,11 +106,12 @@ def region_from_env() -> str:
 
 
 def client_env(endpoint_url: str | None = None) -> dict[str, str]:
-    """Environment variables an S3 client process needs (for Ray tasks' ``runtime_env``).
+    """Environment variables an S3 client process needs, e.g. for ``ray.init(runtime_env={"env_vars": ...})``.
 
     The checksum settings in ``CLIENT_DEFAULTS`` are read by the AWS C++ SDK from the process environment
-    only, so Ray tasks that read ``s3://`` shards must carry them; the credentials and endpoint of the current
-    process are passed along too.
+    only. Reads work without them against rclone (the pipeline's read tasks need nothing), but uploads from
+    a Ray worker (a dataset written in a task, checkpoints to ``s3://``) fail with ``MissingContentLength``
+    unless the worker's environment carries them. The credentials and endpoint of this process are included.
     """
     env = {key: os.environ.get(key, value) for key, value in CLIENT_DEFAULTS.items()}
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",

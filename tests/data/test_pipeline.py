@@ -223,6 +223,8 @@ def test_feature_table_mode_streams_embeddings_per_split(data_ray, tmp_path: Pat
     assert novel.dtype == torch.float32
     assert sorted(map(tuple, novel.tolist())) == sorted(map(tuple, emb[2:6].tolist()))
     assert sorted(torch.cat([s["novel"]["label"] for s in steps]).tolist()) == [2, 2, 3, 3]
+    with pytest.raises(ValueError, match="novel stream holds fewer than batch_size=8"):
+        list(PairedBatches(datasets["known"], datasets["novel"], batch_size=8))
 
 
 def _train_worker(config: dict) -> None:
