@@ -290,7 +290,7 @@ class AdaptiveSelfLabeler(nn.Module):
         """``[K]`` marginal in cluster order (differentiable in the learned parameter)."""
         k = self.num_clusters
         if self.prior == "uniform":
-            return torch.full((k,), 1.0 / k)
+            return torch.full((k,), 1.0 / k, device=rank_of_cluster.device)
         if self.prior == "free":
             return torch.softmax(self.logits, dim=0)
         if self.prior == "bounded":
