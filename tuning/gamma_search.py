@@ -178,6 +178,71 @@ def _validation_callback_class():
     return ValidationScoreCallback
 
 
+def _train_worker_in_trial(config: dict) -> None:
+    """The trainer's worker function, after rank 0 registers the worker group's placement group (see
+    :func:`release_stopped_trial_groups`)."""
+    import ray
+    import ray.train
+
+    from ncdlr.service.trainer import train_worker
+
+    group = ray.util.get_current_placement_group()
+    if group is not None and ray.train.get_context().get_world_rank() == 0:
+        registry = ray.get_actor(config["pg_registry"], namespace="ncdlr")
+        ray.get(registry.add.remote(config["trial_id"], group.id.hex()))
+    train_worker(config)
+
+
+def placement_group_registry(name: str):
+    """A named actor mapping trial id → the placement groups its TorchTrainer created (created if absent)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class PlacementGroupRegistry:
+        def __init__(self):
+            self.groups: dict[str, set[str]] = {}
+
+        def add(self, trial_id: str, group: str) -> None:
+            self.groups.setdefault(trial_id, set()).add(group)
+
+        def pop(self, trial_id: str) -> list[str]:
+            return sorted(self.groups.pop(trial_id, set()))
+
+    return PlacementGroupRegistry.options(name=name, namespace="ncdlr", get_if_exists=True).remote()
+
+
+def release_stopped_trial_groups(registry_name: str):
+    """A Tune callback that removes the placement group of every trial that ends.
+
+    Ray Train V2 creates its worker group's placement group from the controller actor, and a placement group
+    lives as long as the job that created it, not the actor. When ASHA (or an interruption) stops a trial,
+    Tune ends the trial actor, the controller dies with it and never removes the group: its CPUs stay
+    reserved and later trials wait for them forever. A trial that finishes normally has already removed it.
+    """
+    from ray import tune
+
+    class ReleaseStoppedTrialGroups(tune.Callback):
+        def _release(self, trial) -> None:
+            import ray
+            from ray._raylet import PlacementGroupID
+            from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+            registry = placement_group_registry(registry_name)
+            table = placement_group_table()
+            for group in ray.get(registry.pop.remote(trial.trial_id)):
+                if table.get(group, {}).get("state") not in (None, "REMOVED"):
+                    remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(group))))
+                    log.info("released the placement group %s of stopped trial %s", group, trial.trial_id)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._release(trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._release(trial)
+
+    return ReleaseStoppedTrialGroups()
+
+
 def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -> None:
     """Tune function trainable: one (γ, α) trained with the real trainer on the validation table.
 
@@ -194,7 +259,7 @@ def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -
     from ray.train.torch import TorchTrainer
 
     from ncdlr.service.buffer_actor import get_or_create_buffer_actor
-    from ncdlr.service.trainer import summarize_data, train_worker
+    from ncdlr.service.trainer import summarize_data
 
     os.environ.update(env or {})
     gamma_run = trial_gamma(config["gamma"], settings["val_num_novel"], settings["target_num_novel"],
@@ -218,9 +283,10 @@ def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -
     resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": settings["gpus_per_trial"] / workers} if use_gpu else {})}
     storage_fs, storage_path = ray_storage(settings["train_storage"])
     trainer = TorchTrainer(
-        train_worker,
+        _train_worker_in_trial,
         train_loop_config={"cfg": cfg.to_dict(), "actor": actor_name, "namespace": namespace,
-                           "summary": summary.__dict__,
+                           "summary": summary.__dict__, "trial_id": trial_id,
+                           "pg_registry": settings["pg_registry"],
                            "env": {k: v for k, v in os.environ.items() if k.startswith("AWS_")}},
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
         # A fixed name per trial: a restored trial's TorchTrainer resumes from its own last checkpoint.
@@ -467,7 +533,12 @@ def collect_rows(result_grid, settings: dict) -> list[dict]:
     for result in result_grid:
         metrics = result.metrics or {}
         gamma, alpha = result.config["gamma"], result.config["alpha"]
-        status = "error" if result.error else ("completed" if metrics.get("epoch") == epochs else "stopped")
+        if result.error:
+            status = "error"
+        elif metrics.get("epoch") is None:
+            status = "not run"
+        else:  # fewer epochs: stopped by ASHA (or by an interruption, until the search is resumed)
+            status = "completed" if metrics["epoch"] == epochs else "stopped"
         rows.append({
             "trial": metrics.get("trial_id") or Path(result.path).name,
             "gamma": float(gamma), "gamma_trial": trial_gamma(float(gamma), val_num_novel, target_num_novel, transfer),
@@ -665,13 +736,15 @@ def main(argv: list[str] | None = None) -> int:
                     "val_num_novel": split.num_novel, "gamma_transfer": args.gamma_transfer == "ku",
                     "workers": args.workers_per_trial, "cpus_per_trial": args.cpus_per_trial,
                     "gpus_per_trial": args.gpus_per_trial,
-                    "train_storage": join(experiment, "train") if is_s3(storage) else str(Path(experiment, "train"))}
+                    "train_storage": join(experiment, "train") if is_s3(storage) else str(Path(experiment, "train")),
+                    "pg_registry": f"gamma-search-groups-{uuid.uuid4().hex[:8]}"}
         _write_text(settings_uri, json.dumps(settings, indent=2))
     epochs = settings["cfg"]["optim"]["epochs"]
     concurrent = args.max_concurrent or max(1, int(ray.cluster_resources().get("CPU", 1) // max(args.cpus_per_trial, 0.01)))
     if embedded and not args.max_concurrent:
         concurrent = min(concurrent, 2)
     aws_env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    registry = placement_group_registry(settings["pg_registry"])  # held until the search returns
     trainable = tune.with_resources(tune.with_parameters(run_trial, settings=settings, env=aws_env), {"CPU": 0.01})
     if resuming:
         print(f"[gamma_search] resuming the experiment at {experiment} (its search space and settings are kept)",
@@ -691,12 +764,14 @@ def main(argv: list[str] | None = None) -> int:
                                         search_alg=BasicVariantGenerator(points_to_evaluate=points,
                                                                          max_concurrent=concurrent,
                                                                          random_state=args.search_seed)),
-            run_config=tune.RunConfig(name=args.name, storage_path=storage_root, storage_filesystem=storage_fs, verbose=1),
+            run_config=tune.RunConfig(name=args.name, storage_path=storage_root, storage_filesystem=storage_fs, verbose=1,
+                                      callbacks=[release_stopped_trial_groups(settings["pg_registry"])]),
         )
     print(f"[gamma_search] {args.num_samples} trials, {concurrent} at a time, {epochs} epochs each (ASHA), "
           f"γ ∈ [{space.gamma_min:g}, {space.gamma_max:g}]" + (" + uniform" if space.include_uniform else "")
           + f", α ∈ [{space.alpha_min:g}, {space.alpha_max:g}], storage {storage}", flush=True)
     grid = tuner.fit()
+    del registry
 
     # ---- results -------------------------------------------------------------------------------------------------
     rows = rank_trials(collect_rows(grid, settings))
@@ -709,12 +784,17 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(rows)
     plot_scores(rows, output / "gamma_scores.png", space)
+    unfinished = len(grid) - grid.num_terminated - grid.num_errors
+    if unfinished:
+        print(f"gamma_search: the search stopped with {unfinished} of {len(grid)} trials unfinished; rerun the "
+              f"same command to resume it (results so far are in {output})", file=sys.stderr)
     if not scored:
         print("gamma_search: no trial reported a score (see the errors above)", file=sys.stderr)
         return 1
     best = scored[0]
     prior = "uniform prior (γ = ∞)" if math.isinf(best["gamma"]) else f"γ = {best['gamma']:.4g}"
-    note = (f"Best of {len(rows)} trials of tuning/gamma_search.py ({args.name}): {prior}, α = {best['alpha']:.3g};\n"
+    note = (f"Best of {len(rows)} trials{' (search unfinished)' if unfinished else ''} of tuning/gamma_search.py "
+            f"({args.name}): {prior}, α = {best['alpha']:.3g};\n"
             f"pseudo-novel class-mean accuracy {best['score']:.4f} on the known-class validation split\n"
             f"({split.num_known} pseudo-known / {split.num_novel} pseudo-novel classes of {source}).\n"
             f"γ is in this config's units (Ku = {split.target_num_novel}); the trial ran with "
@@ -727,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[gamma_search] best: {prior}, α = {best['alpha']:.3g}, score {best['score']:.4f}; "
           f"wrote {output / 'best.yaml'} and {output / 'gamma_scores.png'} in {seconds:.0f} s", flush=True)
     print(output)
-    return 0
+    return 1 if unfinished else 0
 
 
 if __name__ == "__main__":

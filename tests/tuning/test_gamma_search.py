@@ -113,6 +113,19 @@ def test_bad_arguments_are_reported(tmp_path, capsys):
     assert "labeler.gamma" in capsys.readouterr().err
 
 
+def _no_placement_group_left(wait_s: float = 20.0) -> bool:
+    import time
+
+    from ray.util.placement_group import placement_group_table
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if all(group["state"] == "REMOVED" for group in placement_group_table().values()):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 @pytest.mark.slow
 def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_trainer_accepts(
         ray_local, s3_bucket, tmp_path):
@@ -124,17 +137,18 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
     write_feature_table(table, x, y, s, num_known=10, num_novel=10)
     out = tmp_path / "search"
     argv = ["--features", table, "--output", str(out), "--storage", f"{s3_bucket}/tune", "--name", "tiny",
-            "--num-samples", "2", "--gamma-min", "1", "--gamma-max", "100", "--epochs", "2", "--batch-size", "8",
+            "--num-samples", "3", "--gamma-min", "1", "--gamma-max", "100", "--epochs", "3", "--batch-size", "8",
             "--buffer-size", "64", "--warmup-epochs", "1", "--max-concurrent", "2"]
     assert main(argv) == 0
 
     search = json.loads((out / "search.json").read_text())
-    assert len(search["trials"]) == 2
+    assert len(search["trials"]) == 3
     assert any(math.isinf(float(t["gamma"])) for t in search["trials"])  # the uniform candidate ran
     assert all(0.0 <= t["score"] <= 1.0 for t in search["trials"])
     best = load_config(out / "best.yaml")  # the trainer's loader
     assert best.data.features == table and best.model.encoder == "identity"
     assert (out / "gamma_scores.png").stat().st_size > 1000 and "score (pseudo-novel)" in (out / "trials.md").read_text()
+    assert _no_placement_group_left(), "a stopped trial's worker placement group was not released"
     fs, path = resolve(f"{s3_bucket}/tune/tiny/validation.parquet")
     assert fs.get_file_info(path).type == pafs.FileType.File
 
