@@ -23,7 +23,7 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m ncdlr.experiments.synthetic
+	$(PY) -m ncdlr.train_inat2k
 
 test: $(STAMP)
 	$(PY) -m pytest -q
