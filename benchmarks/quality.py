@@ -174,6 +174,8 @@ def render(cells: list[dict], datasets: list[str], variants: list[str], header: 
                 continue
             for posthoc in runs[0]["results"]:
                 name = variant + ("" if posthoc == "none" else f" +{posthoc.upper() if posthoc == 'la' else 'cRT'}")
+                if len(runs) < len(seeds):
+                    name += f" (seeds {sorted(r['seed'] for r in runs)})"
                 cols = [fmt([r["results"][posthoc][c] for r in runs]) for c in COLUMNS]
                 taus = [r["tau_final"] for r in runs if r["tau_final"] is not None]
                 tau = (f"{np.mean(taus):.3g} ({max(r['tau_max'] for r in runs if r['tau_max'] is not None):.3g})"
