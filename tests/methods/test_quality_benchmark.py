@@ -1,0 +1,46 @@
+"""Smoke subset of benchmarks/quality.py: two synthetic cells with a tiny budget, cached, rendered as tables."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_quality():
+    spec = importlib.util.spec_from_file_location("quality", ROOT / "benchmarks" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path):
+    quality = load_quality()
+    threads = torch.get_num_threads()
+    try:
+        code = quality.main(["--datasets", "synthetic", "--seeds", "1", "--variants", "uno", "ncdlr", "--epochs", "2",
+                             "--results", str(tmp_path / "cells"), "--out", str(tmp_path / "results.md")])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    cells = sorted((tmp_path / "cells").glob("*.json"))
+    assert [c.name for c in cells] == ["synthetic-ncdlr-s0-e2.json", "synthetic-uno-s0-e2.json"]
+    ncdlr = json.loads(cells[0].read_text())
+    assert set(ncdlr["results"]) == {"none", "la", "crt"} and ncdlr["tau_final"] > 1.0
+    text = (tmp_path / "results.md").read_text()
+    assert quality.BEGIN in text and quality.END in text
+    assert "| uno +cRT |" in text and "| ncdlr +LA |" in text and "novel_tail" in text
+
+
+def test_quality_rewrites_only_the_generated_block(tmp_path):
+    quality = load_quality()
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# Title\n\nanalysis above\n\n{quality.BEGIN}\nold table\n{quality.END}\n\nanalysis below\n")
+    quality.write_between_markers(doc, "new table\n")
+    text = doc.read_text()
+    assert "old table" not in text and "new table" in text
+    assert text.startswith("# Title\n\nanalysis above") and text.rstrip().endswith("analysis below")
