@@ -581,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gamma-transfer", choices=("ku", "none"), default="ku",
                     help="'ku': trials use γ·Ku'/Ku (same γ/Ku as the real run); 'none': trials use γ as is")
     sp.add_argument("--num-samples", type=int, default=8, help="trials, the uniform candidate included (8)")
-    sp.add_argument("--grace-period", type=int, default=0, help="ASHA: epochs before a trial may stop (0 → epochs/4)")
+    sp.add_argument("--grace-period", type=int, default=0,
+                    help="ASHA: epochs before a trial may stop (0 → epochs/2: early validation scores are noisy)")
     sp.add_argument("--reduction-factor", type=float, default=2.0, help="ASHA reduction factor (2)")
     sp.add_argument("--search-seed", type=int, default=0, help="seed of the random search")
     res = parser.add_argument_group("resources and storage")
@@ -755,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gamma_search: --resume given but there is no experiment to resume at {experiment}", file=sys.stderr)
         return 2
     else:
-        scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=args.grace_period or max(1, epochs // 4),
+        scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=args.grace_period or max(1, epochs // 2),
                                   reduction_factor=args.reduction_factor)
         tuner = tune.Tuner(
             trainable, param_space=params,
