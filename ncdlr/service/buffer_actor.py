@@ -1,27 +1,31 @@
 """The shared buffer of novel logits as a named Ray actor (method.md §4.1 and §4.7).
 
 Every DDP rank solves the same OT problem ``[history; gathered current rows]``. The history is the
-global FIFO of the last ``J`` rows, held by one :class:`BufferActor` (a :class:`ncdlr.buffer.LogitBuffer`
-inside), so it outlives worker restarts and is saved in checkpoints.
+global FIFO of the last ``J`` rows. It is identical on every rank by construction (every rank pushes the
+same gathered rows in the same order), so each rank keeps its own replica — a local
+:class:`ncdlr.buffer.LogitBuffer` — and the step never reads the actor. One :class:`BufferActor` holds
+the same FIFO as the shared source of truth: it outlives worker restarts, and checkpoints save its contents.
 
-Exchange per training step ``s`` (see :class:`BufferClient`), designed so no rank waits on the actor
-inside the step:
+Exchange per training step ``s`` (see :class:`BufferClient`):
 
-1. Before step ``s`` each rank already holds ``ref_s = actor.snapshot.remote(after_step=s - 1)``, issued at
-   the end of step ``s - 1``; Ray fetched it while the rank ran data loading, forward and backward.
-2. In step ``s`` the rank ``ray.get``s that snapshot (normally already local), loads it into a local
-   ``LogitBuffer`` mirror and pushes the gathered rows there → the exact buffer the actor will hold.
-3. Rank 0 sends ``actor.push.remote(s, rows)`` (fire-and-forget; the actor ignores a step it has already
-   applied, so a retried push is harmless); every rank then issues ``snapshot(after_step=s)`` for the next
-   step. ``snapshot`` is async and waits until step ``s`` is applied, so ranks other than 0 never read a
-   stale buffer.
+1. Every rank pushes the gathered rows of step ``s`` into its local replica → the OT problem (no Ray call).
+2. Rank 0 hands the rows to one background sender thread, which waits until the actor has applied the
+   push of step ``s - 1`` and then sends ``actor.push.remote(s, rows)`` fire-and-forget. The step itself only
+   waits if the previous hand-off has not been sent yet (in steady state it was sent long ago, while the rank
+   did forward, OT and backward), so at most one push is in flight plus one hand-off, and the actor receives
+   the pushes in step order. Serialising the ``[n, Ku]`` rows into the object store (≈ 100 KB at n = 256,
+   Ku = 100) happens on the sender thread, off the step. The actor ignores a step it has already applied,
+   so a retried push is harmless.
+3. Ranks load the history from the actor only at start and after a restore/worker restart
+   (:meth:`BufferClient.start`); :meth:`BufferClient.flush` waits for the last push (before a checkpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import ray
@@ -77,19 +81,19 @@ def get_or_create_buffer_actor(name: str, capacity: int, num_clusters: int, name
 
 @dataclass
 class ExchangeTimes:
-    """Seconds spent waiting on the actor (``wait``) and issuing calls (``issue``), summed over steps."""
+    """Seconds rank 0's step waited for the previous hand-off (``wait``) and spent handing rows off (``issue``)."""
 
     wait: float = 0.0
     issue: float = 0.0
     steps: int = 0
-    samples: list[float] = field(default_factory=list)
 
 
 class BufferClient:
-    """A rank's view of the shared buffer: local mirror + prefetched snapshot from the actor.
+    """A rank's replica of the shared buffer, kept in step with the :class:`BufferActor`.
 
-    ``history_plus(step, rows)`` returns the buffer after appending this step's gathered ``rows``;
-    ``commit(step, rows)`` hands the rows to the actor (rank 0) and prefetches the next snapshot.
+    ``start(step)`` loads the actor's history (once, before training); ``history_plus(step, rows)`` returns
+    the replica after appending this step's gathered ``rows``; ``commit(step, rows)`` hands the rows to the
+    actor (rank 0 only, on a sender thread); ``flush()`` waits until the actor has applied the last push.
     """
 
     def __init__(self, actor, capacity: int, num_clusters: int, rank: int):
@@ -97,35 +101,66 @@ class BufferClient:
         self.rank = rank
         self._shape = (capacity, num_clusters)
         self.local = LogitBuffer(capacity, num_clusters)
-        self._pending = None
-        self._local_step = -1
+        self._step = None  # last step in the replica; None before ``start``
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-push") if rank == 0 else None
+        self._handoff: Future | None = None  # rank 0's last hand-off to the sender thread
+        self._in_flight = None  # ObjectRef of the last push sent (touched by the sender thread only)
         self.times = ExchangeTimes()
 
     def start(self, step: int) -> None:
-        """Prefetch the actor's state as of ``step`` (the last applied push) before the first train step."""
-        self._pending = self.actor.snapshot.remote(step)
+        """Load the actor's buffer as of ``step`` (its last applied push; -1 = empty) into the replica."""
+        snap_step, state = ray.get(self.actor.snapshot.remote(step))
+        if snap_step != step:
+            raise RuntimeError(f"buffer actor is at step {snap_step}, rank {self.rank} expected {step}")
+        self.local = LogitBuffer(*self._shape)
+        if snap_step >= 0:
+            self.local.load_state_dict(state)
+        self._step = step
 
     def history_plus(self, step: int, rows: torch.Tensor) -> torch.Tensor:
-        """``[J, Ku]`` buffer after pushing ``rows [n, Ku]`` for ``step`` (identical on every rank)."""
-        t0 = time.perf_counter()
-        if self._pending is not None:
-            snap_step, state = ray.get(self._pending)
-            self._pending = None
-            if snap_step != step - 1:
-                raise RuntimeError(f"buffer actor is at step {snap_step}, rank {self.rank} expected {step - 1}")
-            if snap_step >= 0:
-                self.local.load_state_dict(state)
-            else:
-                self.local = LogitBuffer(*self._shape)
-        self.times.wait += time.perf_counter() - t0
-        self._local_step = step
+        """``[max(J, n), Ku]`` replica after pushing ``rows [n, Ku]`` for ``step`` (identical on every rank)."""
+        if self._step is None:
+            raise RuntimeError("BufferClient.start() must load the actor's history before the first step")
+        if step != self._step + 1:
+            raise RuntimeError(f"rank {self.rank}: buffer replica is at step {self._step}, got step {step}")
+        self._step = step
         return self.local.push(rows.detach().float().cpu())
 
     def commit(self, step: int, rows: torch.Tensor) -> None:
-        """Rank 0 appends ``rows`` to the actor; every rank prefetches the snapshot for ``step + 1``."""
+        """Rank 0 hands ``rows [n, Ku]`` of ``step`` to the sender thread (other ranks: nothing to do)."""
+        if self._sender is None:
+            return
         t0 = time.perf_counter()
-        if self.rank == 0:
-            self.actor.push.remote(step, rows.detach().float().cpu().numpy())
-        self._pending = self.actor.snapshot.remote(step)
-        self.times.issue += time.perf_counter() - t0
+        if self._handoff is not None:
+            self._handoff.result()  # previous step's push sent (re-raises a failed send)
+        t1 = time.perf_counter()
+        self._handoff = self._sender.submit(self._send, step, rows.detach().float().cpu().numpy().copy())
+        self.times.wait += t1 - t0
+        self.times.issue += time.perf_counter() - t1
         self.times.steps += 1
+
+    def _send(self, step: int, rows: np.ndarray) -> None:
+        """Sender thread: wait for the previous push to be applied, then push ``step`` (fire-and-forget)."""
+        if self._in_flight is not None:
+            ray.get(self._in_flight)
+        self._in_flight = self.actor.push.remote(step, rows)
+
+    def flush(self) -> None:
+        """Block until the actor has applied rank 0's last push (no-op on other ranks / with none in flight)."""
+        if self._handoff is not None:
+            self._handoff.result()
+            self._handoff = None
+        if self._in_flight is not None:
+            ray.get(self._in_flight)
+            self._in_flight = None
+
+    def close(self) -> None:
+        """Flush and stop the sender thread."""
+        self.flush()
+        if self._sender is not None:
+            self._sender.shutdown(wait=True)
+            self._sender = None
+
+    def state_dict(self) -> dict:
+        """The replica's :meth:`LogitBuffer.state_dict` (equal to the actor's once :meth:`flush` returned)."""
+        return self.local.state_dict()

@@ -1,4 +1,4 @@
-"""The shared buffer actor: idempotent pushes, snapshots that wait for a step, restore; client ≡ LogitBuffer."""
+"""The shared buffer actor: idempotent pushes, snapshots that wait for a step, restore; rank replicas ≡ LogitBuffer ≡ actor."""
 
 import numpy as np
 import pytest
@@ -49,7 +49,7 @@ def test_restore_resets_contents_and_step():
 
 
 def test_two_clients_see_exactly_the_single_process_buffer():
-    """Rank 0 and rank 1 clients over 5 steps return what one LogitBuffer.push returns."""
+    """Rank 0 and rank 1 replicas over 5 steps return what one LogitBuffer.push returns."""
     actor = get_or_create_buffer_actor("test-clients", capacity=10, num_clusters=3)
     clients = [BufferClient(actor, 10, 3, rank) for rank in range(2)]
     for client in clients:
@@ -63,7 +63,55 @@ def test_two_clients_see_exactly_the_single_process_buffer():
             assert torch.equal(client.history_plus(step, rows), expected)
         for client in clients:
             client.commit(step, rows)
+    clients[0].flush()
     step, state = ray.get(actor.snapshot.remote(4))
-    assert torch.equal(state["rows"], reference.rows)
-    assert all(c.times.steps == 5 and c.times.wait >= 0 for c in clients)
+    assert step == 4 and torch.equal(state["rows"], reference.rows)
+    assert clients[0].times.steps == 5 and clients[1].times.steps == 0  # only rank 0 talks to the actor
+    ray.kill(actor)
+
+
+def test_after_n_steps_the_actor_equals_every_rank_replica():
+    """12 steps of pushes that wrap the FIFO: the actor (after flush) holds exactly each rank's replica."""
+    actor = get_or_create_buffer_actor("test-replicas", capacity=16, num_clusters=4)
+    clients = [BufferClient(actor, 16, 4, rank) for rank in range(3)]
+    for client in clients:
+        client.start(-1)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(12):
+        rows = torch.randn(6, 4, generator=gen)
+        for client in clients:
+            client.history_plus(step, rows)
+            client.commit(step, rows)
+    clients[0].flush()
+    step, state = ray.get(actor.snapshot.remote(11))
+    assert step == 11
+    for client in clients:
+        assert torch.equal(client.state_dict()["rows"], state["rows"])
+    ray.kill(actor)
+
+
+def test_a_restarted_rank_loads_the_history_from_the_actor():
+    """After a restore (checkpoint or worker restart) a fresh replica starts from the actor's contents."""
+    actor = get_or_create_buffer_actor("test-reload", capacity=8, num_clusters=2)
+    saved = LogitBuffer(8, 2)
+    saved.push(torch.arange(16, dtype=torch.float32).view(8, 2))
+    ray.get(actor.restore.remote(3, saved.state_dict()))
+    client = BufferClient(actor, 8, 2, rank=1)
+    client.start(3)
+    rows = torch.ones(2, 2)
+    assert torch.equal(client.history_plus(4, rows), saved.push(rows))
+    ray.kill(actor)
+
+
+def test_a_replica_refuses_a_step_out_of_order_or_before_start():
+    actor = get_or_create_buffer_actor("test-order", capacity=4, num_clusters=2)
+    client = BufferClient(actor, 4, 2, rank=0)
+    with pytest.raises(RuntimeError, match="start"):
+        client.history_plus(0, torch.ones(2, 2))
+    client.start(-1)
+    with pytest.raises(RuntimeError, match="replica is at step -1, got step 1"):
+        client.history_plus(1, torch.ones(2, 2))
+    ray.get(actor.restore.remote(3, None))
+    with pytest.raises(RuntimeError, match="actor is at step 3, rank 0 expected 1"):
+        client.start(1)
     ray.kill(actor)
