@@ -10,9 +10,11 @@ One step on rank ``r`` of ``W`` (``B`` known + ``B`` novel rows, two views each)
 3. Novel logits ``S_v = z_v P^u`` ``[B, Ku]``; all ranks' rows are gathered (``all_gather``) and ordered
    ``[view 1 of rank 0..W-1; view 2 of rank 0..W-1]`` — exactly the rows a single process would have on
    the concatenated batch. Invalid (undecodable) rows are dropped by a gathered mask.
-4. The shared buffer gives ``[history; gathered]`` (identical on all ranks); every rank runs the same
+4. Each rank's replica of the shared buffer gives ``[history; gathered]`` — identical on all ranks, since all
+   push the same gathered rows (no actor read in the step); every rank runs the same
    :class:`~ncdlr.ot.AdaptiveSelfLabeler` on it, so ``t``/``τ`` stay identical; each rank keeps the soft
-   labels of its own rows; rank 0 appends the gathered rows to the buffer actor once.
+   labels of its own rows; rank 0 hands the gathered rows to the buffer actor asynchronously
+   (:class:`~ncdlr.service.buffer_actor.BufferClient`).
 5. Swapped prediction: ``L_u = ½ (mse(z_2, P^u, q_1) + mse(z_1, P^u, q_2))``; AdamW step; the LR schedule
    (linear warm-up, then cosine to ``min_lr``) advances per step.
 """
