@@ -10,6 +10,7 @@ evaluated is the last epoch's (never selected on the test set).
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,16 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test")
         split=split,
     )
     check = cluster_accuracy(y_true, y_pred, summary.num_known, summary.train_counts)
-    if abs(check["novel"] - metrics.get("novel", check["novel"])) > 1e-9:
-        log.warning("report's novel accuracy %.4f differs from cluster_accuracy %.4f", metrics.get("novel"), check["novel"])
+    if not same_accuracy(metrics.get("novel"), check["novel"]):
+        log.warning("report's novel accuracy %s differs from cluster_accuracy %s", metrics.get("novel"), check["novel"])
     return metrics
+
+
+def same_accuracy(reported: float | None, computed: float | None, tol: float = 1e-9) -> bool:
+    """Whether two accuracies agree; None and NaN both mean "undefined" (e.g. no novel test images)."""
+    def undefined(value: float | None) -> bool:
+        return value is None or math.isnan(value)
+
+    if undefined(reported) or undefined(computed):
+        return undefined(reported) and undefined(computed)
+    return abs(reported - computed) <= tol
