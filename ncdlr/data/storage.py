@@ -237,6 +237,98 @@ def s3_filesystem(endpoint_url: str | None = None) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**kwargs)
 
 
+class ImplicitDirsS3Handler(pafs.FileSystemHandler):
+    """A pyarrow ``S3FileSystem`` that writes no directory markers: ``create_dir`` only checks the bucket.
+
+    S3 has no directories: a prefix exists once an object lies under it, and listings, ``get_file_info``
+    and reads work the same without the zero-byte ``prefix/`` marker objects that ``S3FileSystem.create_dir``
+    puts. Ray Train (run storage, checkpoints) and ``pyarrow.fs.copy_files`` create such markers for every
+    level of a nested path, and ``rclone serve s3`` — the embedded/test object store — refuses a marker when
+    its parent folder already exists ("InternalError", rclone logs "file already exists"; its docs: "you
+    can't create empty folders under other folders not in the root"). Skipping them works on AWS S3 and on
+    rclone alike. Everything else is delegated unchanged. Wrap it as ``pyarrow.fs.PyFileSystem(handler)``
+    (:func:`run_storage_filesystem`); it pickles with its S3 settings and applies ``CLIENT_DEFAULTS`` where it
+    is unpickled, so Ray's processes (controller, workers) upload correctly whatever their environment.
+    """
+
+    def __init__(self, fs: pafs.S3FileSystem) -> None:
+        self.fs = fs
+
+    def __reduce__(self):
+        rebuild, args = self.fs.__reduce__()
+        return (_rebuild_implicit_dirs_handler, (rebuild, args))
+
+    def get_type_name(self) -> str:
+        return "s3-implicit-dirs"
+
+    def equals(self, other) -> bool:
+        return isinstance(other, ImplicitDirsS3Handler) and self.fs.equals(other.fs)
+
+    def normalize_path(self, path: str) -> str:
+        return self.fs.normalize_path(path)
+
+    def get_file_info(self, paths):
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self.fs.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        bucket = path.strip("/").split("/", 1)[0]
+        if self.fs.get_file_info(bucket).type != pafs.FileType.Directory:
+            raise FileNotFoundError(f"s3://{bucket}: bucket does not exist (creating directory {path!r})")
+
+    def delete_dir(self, path: str) -> None:
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        self.fs.delete_dir_contents("/", accept_root_dir=True)
+
+    def delete_file(self, path: str) -> None:
+        self.fs.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self.fs.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.fs.copy_file(src, dest)
+
+    def open_input_stream(self, path: str):
+        return self.fs.open_input_stream(path)
+
+    def open_input_file(self, path: str):
+        return self.fs.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata=None):
+        return self.fs.open_output_stream(path, metadata=metadata)
+
+    def open_append_stream(self, path: str, metadata=None):
+        return self.fs.open_append_stream(path, metadata=metadata)
+
+
+def _rebuild_implicit_dirs_handler(rebuild, args) -> ImplicitDirsS3Handler:
+    """Unpickle in another process (a Ray worker or Train controller): set ``CLIENT_DEFAULTS`` in its
+    environment *before* the AWS SDK client is built, since the SDK reads the checksum settings from the
+    environment only — without them uploads to rclone fail with ``MissingContentLength``."""
+    apply_client_defaults()
+    return ImplicitDirsS3Handler(rebuild(*args))
+
+
+def run_storage_filesystem(uri: str, endpoint_url: str | None = None) -> tuple[pafs.FileSystem, str]:
+    """Filesystem + path for Ray Train's ``RunConfig(storage_path=path, storage_filesystem=fs)``.
+
+    ``s3://bucket/prefix`` → an :class:`ImplicitDirsS3Handler` filesystem (bucket checked first, errors name
+    ``uri``) and ``"bucket/prefix"``; local paths and ``file://`` as in :func:`resolve`.
+    """
+    fs, path = resolve(uri, endpoint_url)
+    if isinstance(fs, pafs.S3FileSystem):
+        return pafs.PyFileSystem(ImplicitDirsS3Handler(fs)), path
+    return fs, path
+
+
 def boto3_client(endpoint_url: str | None = None):  # -> botocore S3 client
     """A boto3 S3 client with the same endpoint, region and credentials as ``s3_filesystem``."""
     import boto3

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -127,6 +128,17 @@ def _image_batches(paired, batch_size: int):
         yield PairedBatch(k1, k2, ky, kv, n1, n2, nv)
 
 
+def progress(line: str) -> None:
+    """Print a progress line once to the job log from a Ray Train worker.
+
+    Ray Train V2 patches ``print`` in workers: when the worker's ``sys.stdout`` is wrapped (it is in Ray
+    worker processes) the patched print writes the line to stdout *and* logs it through the root logger,
+    whose console handler writes it to stderr — the job log showed every line twice. Writing to the
+    process's own stdout (``sys.__stdout__``, which Ray streams to the driver) bypasses the patch.
+    """
+    print(line, file=sys.__stdout__, flush=True)
+
+
 def train_worker(config: dict) -> None:
     """Ray Train per-worker entry: ``config = {"cfg": Config.to_dict(), "actor": name, "namespace": ns, "summary": {...}}``."""
     import ray
@@ -198,8 +210,8 @@ def train_worker(config: dict) -> None:
             writer.add_scalar("train/loss", stats["loss"], st.step)
             writer.add_scalar("train/tau", stats["tau"], st.step)
         if rank == 0 and cfg.run.log_every and st.step % cfg.run.log_every == 0:
-            print(f"[ncdlr] epoch {st.epoch + 1}/{cfg.optim.epochs} step {st.step} loss {stats['loss']:.4f} "
-                  f"L_s {stats['loss_s']:.4f} L_u {stats['loss_u']:.4f} tau {stats['tau']:.3f}", flush=True)
+            progress(f"[ncdlr] epoch {st.epoch + 1}/{cfg.optim.epochs} step {st.step} loss {stats['loss']:.4f} "
+                     f"L_s {stats['loss_s']:.4f} L_u {stats['loss_u']:.4f} tau {stats['tau']:.3f}")
 
     # ---- training ---------------------------------------------------------------------------------------
     paired = None
@@ -233,10 +245,10 @@ def train_worker(config: dict) -> None:
         if rank == 0:
             if splits is not None and "val" in splits.features:
                 metrics.update(validate(state, splits))
-            print(f"[ncdlr] epoch {state.epoch}/{cfg.optim.epochs} done in {metrics['epoch_s']:.1f}s: loss "
-                  f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
-                  f"({metrics['steps_per_s']:.2f} steps/s)"
-                  + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""), flush=True)
+            progress(f"[ncdlr] epoch {state.epoch}/{cfg.optim.epochs} done in {metrics['epoch_s']:.1f}s: loss "
+                     f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
+                     f"({metrics['steps_per_s']:.2f} steps/s)"
+                     + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""))
         if writer is not None:
             for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s"):
                 writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
@@ -265,6 +277,18 @@ def _storage_path(cfg: Config) -> str:
     if cfg.run.storage_path:
         return cfg.run.storage_path
     return str(Path(cfg.run.output, "ray").resolve())
+
+
+def _run_storage(cfg: Config) -> dict:
+    """``RunConfig`` storage arguments: on ``s3://`` our own filesystem that writes no directory markers
+    (:class:`ncdlr.data.storage.ImplicitDirsS3Handler`; the rclone S3 server refuses nested ones)."""
+    from ncdlr.data.storage import is_s3, run_storage_filesystem
+
+    path = _storage_path(cfg)
+    if not is_s3(path):
+        return {"storage_path": path}
+    fs, fs_path = run_storage_filesystem(path, cfg.data.endpoint_url or None)
+    return {"storage_path": fs_path, "storage_filesystem": fs}
 
 
 def _datasets(cfg: Config) -> dict:
@@ -317,7 +341,7 @@ def fit(cfg: Config) -> dict:
         scaling_config=ScalingConfig(num_workers=cfg.run.num_workers, use_gpu=use_gpu,
                                      resources_per_worker={"CPU": cfg.run.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}),
         run_config=RunConfig(name=f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}",
-                             storage_path=_storage_path(cfg),
+                             **_run_storage(cfg),
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
                              failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
         **_datasets(cfg),

@@ -2,8 +2,9 @@
 
 1. Image mode: 2 CPU DDP workers stream a tiny prepared dataset (with one corrupt JPEG) from the real rclone
    S3 server, train, evaluate and write the report; τ is identical on both ranks.
-2. Feature-table mode through the CLI, then a resumed run that continues from its checkpoint (buffer actor
-   re-seeded, epochs and steps carried on).
+2. Feature-table mode through the CLI with run storage and checkpoints on ``s3://`` (the rclone server;
+   see ``ncdlr.data.storage.ImplicitDirsS3Handler`` for why Ray gets our own filesystem there), then a
+   resumed run that continues from that checkpoint (buffer actor re-seeded, epochs and steps carried on).
 3. The feature-table run on a simulated 2-node Ray cluster (ray.cluster_utils.Cluster, in a subprocess).
 """
 
@@ -67,15 +68,20 @@ def test_two_workers_train_on_images_from_s3_and_write_the_report(ray_local, s3_
     assert any((tmp_path / "run" / "tensorboard").iterdir())
 
 
-def test_feature_table_run_resumes_from_its_checkpoint(ray_local, feature_table, tmp_path):
+def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, feature_table, s3_bucket, tmp_path):
+    """Run storage and checkpoints on ``s3://`` (the rclone server), and a second run resumes from there."""
     from ncdlr.cli import main
 
     common = ["--features", feature_table, "--num-workers", "2", "--batch-size", "8", "--gamma", "5",
-              "--buffer-size", "64", "--warmup-epochs", "1", "--evaluate", "false"]
+              "--buffer-size", "64", "--warmup-epochs", "1", "--evaluate", "false",
+              "--storage-path", f"{s3_bucket}/runs"]
     assert main(["train", *common, "--epochs", "1", "--output", str(tmp_path / "first")]) == 0
     first = (tmp_path / "first" / "checkpoint.txt").read_text().strip()
+    assert first.startswith(f"{s3_bucket}/runs/")
     assert main(["train", *common, "--epochs", "3", "--resume", first, "--output", str(tmp_path / "second")]) == 0
-    second = load_checkpoint((tmp_path / "second" / "checkpoint.txt").read_text().strip())
+    second_uri = (tmp_path / "second" / "checkpoint.txt").read_text().strip()
+    assert second_uri.startswith(f"{s3_bucket}/runs/") and second_uri != first
+    second = load_checkpoint(second_uri)
     before = load_checkpoint(first)
     assert second["epoch"] == 3 and second["step"] == 3 * before["step"]
     assert len(second["tau_history"]) == second["step"]
