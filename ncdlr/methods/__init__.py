@@ -25,12 +25,16 @@ def build_method(cfg) -> Method:
     """The :class:`Method` named by ``cfg.method.name`` (a :class:`ncdlr.service.config.Config`).
 
     ``method.loss = "auto"`` is ``mse`` for ncdlr and ``ce`` for uno/autonovel. UNO and AutoNovel need
-    ``model.prototypes = "learnable"`` (checked when they first see the model).
+    ``model.prototypes = "learnable"`` (checked when they first see the model) and ``labeler.use_buffer =
+    false`` (checked here).
     """
     m = cfg.method
     if m.name not in METHODS:
         raise MethodConfigError(f"method.name {m.name!r} is not one of {', '.join(METHODS)}")
     loss = m.loss if m.loss != "auto" else ("mse" if m.name == "ncdlr" else "ce")
+    if m.name != "ncdlr" and cfg.labeler.use_buffer:
+        raise MethodConfigError(f"method {m.name!r} labels each batch on its own and never feeds the shared logit "
+                                "buffer (the buffer actor would wait for it): set labeler.use_buffer=false")
     if m.name == "uno":
         return UNO(loss, m.temperature, eps=cfg.labeler.eps, n_iters=cfg.labeler.n_iters)
     if m.name == "autonovel":

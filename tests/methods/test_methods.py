@@ -53,6 +53,7 @@ def tiny_config(method: str, **labeler) -> Config:
     cfg.data.batch_size, cfg.data.feature_noise = 32, 0.1
     cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 8, 1e-2, 1e-3, 1
     cfg.labeler.gamma, cfg.labeler.buffer_size, cfg.labeler.outer_steps = 2.0, 256, 5
+    cfg.labeler.use_buffer = method == "ncdlr"
     for key, value in labeler.items():
         setattr(cfg.labeler, key, value)
     return cfg
@@ -168,9 +169,18 @@ def test_baselines_refuse_fixed_prototypes_naming_the_switch(method):
         train(cfg, tiny_table())
 
 
+@pytest.mark.parametrize("method", ["uno", "autonovel"])
+def test_baselines_refuse_the_shared_buffer_naming_the_switch(method):
+    cfg = Config()
+    cfg.method.name = method
+    with pytest.raises(MethodConfigError, match="labeler.use_buffer=false"):
+        build_method(cfg)
+
+
 def test_build_method_resolves_the_loss_per_method():
     cfg = Config()
     assert build_method(cfg).loss == "mse"
+    cfg.labeler.use_buffer = False
     for name in METHODS:
         cfg.method.name = name
         assert build_method(cfg).name == name
