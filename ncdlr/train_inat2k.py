@@ -7,6 +7,9 @@ Usage::
     # no data location: the embedded default — a small synthetic iNat-format set served from an embedded
     # S3 server, 2 local CPU workers, evaluation and report — a few minutes on 2 cores:
     python -m ncdlr.train_inat2k
+    # the embedded default also runs as a job (`ray job submit -- python -m ncdlr.train_inat2k`): it joins the
+    # job's cluster and passes the S3 settings to all tasks and workers through the job's runtime_env. Its
+    # server listens on 127.0.0.1 of the driver's machine, so on a multi-machine cluster use --data instead.
 
 With ``--data`` the run is configured by ``configs/inat18_2k.yaml`` (DINO ViT-B/16, last block trained,
 frozen expansion to 2000-d, 50 epochs; ``--pretrained s3://.../dino_vitbase16_pretrain.pth``), connecting to
@@ -73,8 +76,36 @@ def run_on_cluster(args: argparse.Namespace) -> dict:
     return fit(_config(args, "inat18_2k.yaml"))
 
 
+def init_ray_for_embedded(s3_env: dict[str, str]) -> bool:
+    """Start or join Ray so that every task and worker of this job gets the embedded S3 client settings.
+
+    ``s3_env`` (:meth:`ncdlr.data.storage.S3Server.env`: endpoint, credentials, region and the AWS checksum
+    settings) goes into the job's ``runtime_env``; setting it in this process only would not reach Ray Data
+    tasks or workers on other nodes. Inside a submitted job (``RAY_ADDRESS`` set) Ray refuses resource
+    arguments, so none are given there; a local Ray gets spare logical CPUs for Ray Data read tasks.
+    Returns True when this call started Ray (then the caller shuts it down); with Ray already initialised in
+    this process nothing is started and the settings reach the train workers through :func:`fit`'s config.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": dict(s3_env)}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env=runtime_env, log_to_driver=True)
+    else:
+        ray.init(num_cpus=max(4, os.cpu_count() or 1), object_store_memory=512 * 1024**2, include_dashboard=False,
+                 runtime_env=runtime_env, log_to_driver=True)
+    return True
+
+
 def run_embedded(args: argparse.Namespace) -> dict:
-    """Synthetic iNat-format data → embedded S3 server → 2 local CPU workers → evaluation and report."""
+    """Synthetic iNat-format data → embedded S3 server → 2 CPU workers → evaluation and report.
+
+    The rclone server listens on 127.0.0.1 of the driver's machine. On a local Ray, and on a simulated
+    multi-node cluster whose nodes share this machine, every worker reaches it; on a real multi-machine
+    cluster workers on other machines cannot, so there pass ``--data`` on real object storage.
+    """
     import ray
 
     from ncdlr.data.builders import synthetic
@@ -84,7 +115,7 @@ def run_embedded(args: argparse.Namespace) -> dict:
     cfg = _config(args, "demo.yaml")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ncdlr-s3-") as root, S3Server(root) as server:
-        os.environ.update(server.env())  # before ray.init: Ray workers inherit the S3 client settings
+        os.environ.update(server.env())  # this driver's own S3 clients (manifest, evaluation)
         bucket = server.make_bucket("ncdlr-demo")
         cfg.data.uri = f"{bucket}/synthetic-inat-{args.classes}"
         print(f"[ncdlr] embedded default: writing a synthetic iNat18-format set ({args.classes} classes) to "
@@ -93,12 +124,12 @@ def run_embedded(args: argparse.Namespace) -> dict:
                                                              seed=cfg.run.seed),
                                    cfg.data.uri, progress=False)
         print(f"[ncdlr] prepared {manifest.split_counts} in {time.perf_counter() - start:.0f} s", flush=True)
-        ray.init(num_cpus=max(4, os.cpu_count() or 1), object_store_memory=512 * 1024**2, include_dashboard=False,
-                 log_to_driver=True)
+        started = init_ray_for_embedded(server.env())
         try:
             result = fit(cfg)
         finally:
-            ray.shutdown()
+            if started:
+                ray.shutdown()
     result["seconds"] = time.perf_counter() - start
     return result
 

@@ -122,8 +122,8 @@ def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_
 
     The job gets the S3 endpoint and credentials the way a real cluster job gets its settings: through the
     job's runtime_env (here the test's rclone server; on AWS the instance profile needs none). Checkpoints
-    go to a local --storage-path: Ray Train's s3:// storage creates nested directory markers, which the
-    rclone test server refuses (see the report of issue 7), so s3:// checkpoints are not covered here.
+    go to the local run directory here; s3:// run storage is covered by
+    tests/service/test_trainer_e2e.py::test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint.
     """
     from ncdlr.data.builders import synthetic
 
@@ -142,15 +142,15 @@ def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "ncdlr.train_inat2k's embedded default calls ray.init(num_cpus=...) even when submitted as a job "
-    "(RAY_ADDRESS set), which Ray refuses: 'When connecting to an existing cluster, num_cpus and num_gpus "
-    "must not be provided'. Remove this marker once it joins the job's cluster."))
 def test_embedded_default_job_on_two_nodes_writes_metrics(tmp_path):
+    """`python -m ncdlr.train_inat2k` with no --data, submitted as a job: it joins the job's cluster (no
+    resource arguments to ray.init) and hands its embedded S3 server's settings to every task and worker
+    through the job's runtime_env. Both nodes share this machine, so the server on 127.0.0.1 is reachable."""
     output = tmp_path / "run"
     with SimulatedCluster([SMALL, SMALL]) as cluster:
         result = cluster.submit(training_entrypoint(output, f"--classes 4 {TINY}"), timeout_s=900)
     assert result.status == "SUCCEEDED", result.logs[-5000:]
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
+    assert result.logs.count("[ncdlr] epoch 1/1 done") == 1  # progress once, not twice (Ray Train's print patch)
     assert cluster.leftover_processes() == []

@@ -25,3 +25,10 @@ def test_embedded_default_uses_a_gamma_sized_for_its_small_ku():
 def test_bad_override_is_refused_before_anything_starts(capsys):
     assert train_inat2k.main(["--data", "s3://b/x", "--num-workers", "many"]) == 2
     assert "run.num_workers" in capsys.readouterr().err
+
+
+def test_embedded_default_joins_an_already_initialised_ray_without_starting_another(ray_local):
+    import ray
+
+    assert train_inat2k.init_ray_for_embedded({"AWS_REGION": "us-east-1"}) is False
+    assert ray.is_initialized()
