@@ -264,7 +264,6 @@ class AdaptiveSelfLabeler(nn.Module):
         params = list(self.parameters())
         self._optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum) if params else None
         self.last_prior: Tensor = torch.full((num_clusters,), 1.0 / num_clusters)
-        self._rank_of_cluster = torch.arange(num_clusters)  # ranks of the current call (set in forward)
         self.last_objective: float = float("nan")
 
     # -- state -------------------------------------------------------------------------------
@@ -301,8 +300,8 @@ class AdaptiveSelfLabeler(nn.Module):
     def objective(self, kernel: ScaledKernel, col_marginal: Tensor) -> tuple[Tensor, Tensor]:
         """``F(w)`` for the prepared kernel and marginal; also returns the column potential ``ṽ``."""
         v = kernel.column_scaling(col_marginal, self.n_iters)
-        if self.prior == "anchored":  # both in cluster order: the anchor is ranked like the prior
-            divergence = kl_divergence(self.anchor[self._rank_of_cluster], col_marginal)
+        if self.prior == "anchored":  # KL is permutation-invariant: compare both profiles in rank order
+            divergence = kl_divergence(self.anchor, torch.sort(col_marginal, descending=True).values)
         else:
             divergence = kl_from_uniform(col_marginal)
         value = -kernel.transport_gain(v) + self.gamma * divergence / self.num_clusters
@@ -324,7 +323,6 @@ class AdaptiveSelfLabeler(nn.Module):
         if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
             raise ValueError("scores must be finite (NaN or inf found)")
         rank_of_cluster = rank_by_mass(kernel.log_mass)
-        self._rank_of_cluster = rank_of_cluster
         with torch.enable_grad():
             if self._optimizer is None:
                 w = self._column_marginal(rank_of_cluster)
