@@ -51,13 +51,14 @@ class ModelConfig:
     prototype_seed: int = 0  #: seed of the simplex ETF prototypes (stored in every checkpoint)
     feature_dim: int = 0  #: input width for encoder "identity" (feature-table mode); 0 → from the table
     prototypes: str = "etf"  #: "etf" (fixed simplex ETF, the paper) | "learnable" (normalised, trained; uno/autonovel need it)
+    num_novel: str = "0"  #: novel clusters Ku: "0" → the data's number of novel classes; N → N clusters; "auto" → ncdlr.estimate_k on the training features first (feature-table mode; image mode: run `ncdlr embed` and train on the table)
 
 
 @dataclass
 class LabelerConfig:
     """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
 
-    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" | "free" | "bounded" (τ ≤ max_imbalance) | "anchored" (KL to w(max_imbalance))
+    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" (ORACLE ablation: the true novel training counts) | "free" | "bounded" (τ ≤ max_imbalance) | "anchored" (KL to w(max_imbalance))
     eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
     n_iters: int = 3  #: T, Sinkhorn iterations per solve
     outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
@@ -110,6 +111,8 @@ class MethodConfig:
     temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
     topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics
     consistency: float = 0.0  #: autonovel: weight of the two-view MSE between novel probabilities (0 → off)
+    posthoc: str = "none"  #: evaluation only: "none" | "la" (logit adjustment by the pseudo-label prior) | "crt" (class-balanced classifier re-training) | "la+crt" (cRT, then LA on its logits)
+    crt_epochs: int = 10  #: epochs of the cRT classifier re-training (posthoc crt / la+crt)
 
 
 @dataclass
@@ -131,6 +134,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.prototypes": ("etf", "learnable"),
     "method.name": ("ncdlr", "uno", "autonovel"),
     "method.loss": ("auto", "mse", "ce"),
+    "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
 }
 
@@ -165,6 +169,8 @@ def _coerce(key: str, value: Any, kind: type, *, from_text: bool) -> Any:
         return float(value)
     if kind is str and isinstance(value, bool):
         return "true" if value else "false"
+    if kind is str and isinstance(value, int):  # YAML `num_novel: 30`
+        return str(value)
     if type(value) is not kind:
         raise ConfigError(
             f"config key {key!r}: expected {kind.__name__}, got {type(value).__name__} ({value!r})"
@@ -173,6 +179,11 @@ def _coerce(key: str, value: Any, kind: type, *, from_text: bool) -> Any:
 
 
 def _check_choice(key: str, value: Any) -> None:
+    if key == "model.num_novel":
+        if value != "auto" and not (value.isdigit()):
+            raise ConfigError(f"config key {key!r}: expected 'auto' or a non-negative integer "
+                              f"(0 = from the data), got {value!r}")
+        return
     choices = _CHOICES.get(key)
     if choices is not None and value not in choices:
         raise ConfigError(f"config key {key!r}: {value!r} is not one of {', '.join(choices)}")
