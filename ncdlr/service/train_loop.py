@@ -130,8 +130,13 @@ def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float):
     return factor
 
 
-def build_worker_state(cfg: Config, model: NCDModel, steps_per_epoch: int, device: torch.device) -> WorkerState:
-    """AdamW over the trainable parameters, the LR schedule and the labeler for ``Ku`` clusters."""
+def build_worker_state(cfg: Config, model: NCDModel, steps_per_epoch: int, device: torch.device,
+                       fixed_prior: torch.Tensor | None = None) -> WorkerState:
+    """AdamW over the trainable parameters, the LR schedule and the labeler for ``Ku`` clusters.
+
+    ``fixed_prior`` ``[Ku]``: the true novel training counts, needed (only) by ``labeler.prior=fixed``
+    (the oracle ablation; :func:`ncdlr.service.num_novel.fixed_prior_counts`).
+    """
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -144,7 +149,8 @@ def build_worker_state(cfg: Config, model: NCDModel, steps_per_epoch: int, devic
     lab = cfg.labeler
     labeler = AdaptiveSelfLabeler(model.num_novel, prior=lab.prior, eps=lab.eps, n_iters=lab.n_iters,
                                   outer_steps=lab.outer_steps, gamma=lab.gamma, lr=lab.lr, momentum=lab.momentum,
-                                  init_t=lab.init_t, max_imbalance=lab.max_imbalance or None).to(device)
+                                  init_t=lab.init_t, fixed_prior=fixed_prior,
+                                  max_imbalance=lab.max_imbalance or None).to(device)
     return WorkerState(model, labeler, optimizer, scheduler, device)
 
 
