@@ -151,6 +151,7 @@ def train_worker(config: dict) -> None:
 
     from .buffer_actor import BufferClient
     from .checkpoint import load_checkpoint, restore_state, rng_state, save_state
+    from .num_novel import fixed_prior_counts, model_num_novel
     from .train_loop import build_worker_state, feature_batches, run_epoch, steps_per_epoch
 
     os.environ.update(config.get("env", {}))  # S3 endpoint/credentials of the driver
@@ -173,8 +174,9 @@ def train_worker(config: dict) -> None:
     steps = steps_per_epoch(summary.novel_rows, cfg.data.batch_size, world, max_steps)
 
     # ---- model, optimiser, labeler, restore ------------------------------------------------------------
-    model = build_model(cfg.model, summary.num_known, summary.num_novel, image_size=cfg.data.image_size)
-    state = build_worker_state(cfg, model, steps, device)
+    num_novel = model_num_novel(cfg, summary)  # model.num_novel (resolved by fit) or the data's Ku
+    model = build_model(cfg.model, summary.num_known, num_novel, image_size=cfg.data.image_size)
+    state = build_worker_state(cfg, model, steps, device, fixed_prior=fixed_prior_counts(cfg, summary))
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -196,7 +198,7 @@ def train_worker(config: dict) -> None:
             ray.get(actor.restore.remote(state.step - 1, buffer_state))
         if world > 1:
             dist.barrier()
-        client = BufferClient(actor, cfg.labeler.buffer_size, summary.num_novel, rank)
+        client = BufferClient(actor, cfg.labeler.buffer_size, num_novel, rank)
         client.start(state.step - 1)
 
     writer = None
@@ -314,6 +316,7 @@ def fit(cfg: Config) -> dict:
     from ray.train.torch import TorchTrainer
 
     from .buffer_actor import get_or_create_buffer_actor
+    from .num_novel import fixed_prior_counts, model_num_novel, resolve_num_novel
 
     start = time.perf_counter()
     output = Path(cfg.run.output).resolve()
@@ -330,9 +333,12 @@ def fit(cfg: Config) -> dict:
             need = cfg.run.num_workers * cfg.run.cpus_per_worker + 2
             ray.init(num_cpus=int(max(os.cpu_count() or 1, need)), log_to_driver=True)
     use_gpu = resolve_use_gpu(cfg.run.use_gpu)
+    if resolve_num_novel(cfg, summary, output) is not None:  # model.num_novel=auto → the estimate, saved
+        save_config(cfg, output / "config.yaml")
+    fixed_prior_counts(cfg, summary)  # refuse prior=fixed with a Ku other than the data's before Ray Train starts
     namespace = "ncdlr"
     actor_name = f"buffer-{cfg.run.name}-{uuid.uuid4().hex[:8]}"
-    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, summary.num_novel, namespace)
+    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, model_num_novel(cfg, summary), namespace)
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"cfg": cfg.to_dict(), "actor": actor_name, "namespace": namespace,

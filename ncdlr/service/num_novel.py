@@ -1,0 +1,110 @@
+"""How many novel clusters the model gets (``model.num_novel``) and the oracle counts of ``labeler.prior=fixed``.
+
+``model.num_novel`` is ``"0"`` (the data's number of novel classes — the default), a positive integer ``N``
+(``N`` novel prototypes / clusters, whatever the data holds), or ``"auto"``: before training, the driver
+estimates ``Ku`` with :func:`ncdlr.estimate_k.estimate_num_novel` (method.md §6: Ward on the frozen
+features of the known + novel training rows, mixed metric β = 0.5) and trains with ``Ks + Ku_est``
+prototypes. In feature-table mode the table's known + novel rows are used as they are; in image mode the
+known and novel splits are first embedded with the run's frozen encoder (``model.encoder`` /
+``model.pretrained``, :func:`ncdlr.service.embed.embed_dataset`) into ``RUN/estimate_k_features.parquet``.
+The resolved number replaces ``"auto"`` in the run's ``config.yaml`` and the estimate is kept in
+``RUN/num_novel.json`` (evaluation copies it into ``metrics.json`` as ``num_novel_estimated``).
+Evaluation needs nothing else: the Hungarian matching accepts any number of predicted clusters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+ESTIMATE_FILE = "num_novel.json"
+
+
+def model_num_novel(cfg, summary) -> int:
+    """``Ku`` of the model: ``model.num_novel`` when positive, else the data's ``summary.num_novel``.
+
+    Raises:
+        ValueError: ``model.num_novel`` is still ``"auto"`` (only :func:`resolve_num_novel` resolves it).
+    """
+    value = cfg.model.num_novel
+    if value == "auto":
+        raise ValueError("model.num_novel='auto' is resolved by the trainer before training "
+                         "(ncdlr.service.num_novel.resolve_num_novel); the config here still says 'auto'")
+    count = int(value)
+    return count if count > 0 else summary.num_novel
+
+
+def fixed_prior_counts(cfg, summary) -> torch.Tensor | None:
+    """``[Ku]`` true training counts of the novel classes for ``labeler.prior=fixed``, else None.
+
+    ``prior=fixed`` is the paper's ORACLE ablation: it reads the novel classes' training counts (labels an
+    NCD method never has), from the feature table or the dataset manifest. It needs the model's ``Ku`` to
+    be the data's (a ranked prior over a different number of clusters is undefined).
+    """
+    if cfg.labeler.prior != "fixed":
+        return None
+    ku = model_num_novel(cfg, summary)
+    if ku != summary.num_novel:
+        raise ValueError(f"labeler.prior=fixed (oracle true novel counts) needs model.num_novel = the data's "
+                         f"{summary.num_novel} novel classes, got {ku}; use another prior or model.num_novel=0")
+    counts = summary.train_counts[summary.num_known:summary.num_known + summary.num_novel]
+    if len(counts) != summary.num_novel or sum(counts) <= 0:
+        raise ValueError(f"labeler.prior=fixed: the data's training counts of its {summary.num_novel} novel classes "
+                         f"are missing or all zero ({counts})")
+    return torch.tensor(counts, dtype=torch.float32)
+
+
+def _training_features(cfg, output: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """``features [N, D]``, ``labels [N]``, ``labeled [N]`` of the known + novel training rows, and their source."""
+    from ncdlr.commands.estimate_k import read_feature_table
+
+    if cfg.data.features:
+        return (*read_feature_table(cfg.data.features), cfg.data.features)
+    from .embed import embed_dataset
+
+    table = str(output / "estimate_k_features.parquet")
+    log.info("model.num_novel=auto: embedding the known and novel splits of %s with the frozen %s first",
+             cfg.data.uri, cfg.model.encoder)
+    embed_dataset(cfg.data.uri, table, encoder=cfg.model.encoder, pretrained=cfg.model.pretrained,
+                  image_size=cfg.data.image_size, splits=("known", "novel"),
+                  endpoint_url=cfg.data.endpoint_url or None)
+    return (*read_feature_table(table), table)
+
+
+def resolve_num_novel(cfg, summary, output: str | Path) -> dict | None:
+    """Replace ``model.num_novel="auto"`` in ``cfg`` by the estimate; write ``RUN/num_novel.json``.
+
+    Returns the estimate record (``num_novel``, ``num_novel_true``, ``seconds``, ``beta``, ``k_max``,
+    ``score``, ``features``) or None when ``model.num_novel`` is not ``"auto"``.
+    """
+    if cfg.model.num_novel != "auto":
+        return None
+    from ncdlr.estimate_k import EstimateKConfig, estimate_num_novel
+
+    output = Path(output)
+    features, labels, labeled, source = _training_features(cfg, output)
+    result, _ = estimate_num_novel(features, labels, labeled, EstimateKConfig(seed=cfg.run.seed))
+    if result.num_novel < 1:
+        raise ValueError(f"model.num_novel=auto: ncdlr.estimate_k found Ku = 0 novel classes in {source} "
+                         f"(score {result.score:.4f}); set model.num_novel to a number")
+    record = {"num_novel": result.num_novel, "num_novel_true": summary.num_novel, "seconds": result.seconds,
+              "beta": result.beta, "k_max": result.k_max, "score": result.score, "approximate": result.approximate,
+              "features": source}
+    cfg.model.num_novel = str(result.num_novel)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / ESTIMATE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    log.info("model.num_novel=auto: estimated Ku = %d (data: %d) in %.1f s from %s", result.num_novel,
+             summary.num_novel, result.seconds, source)
+    return record
+
+
+def read_estimate(run_dir: str | Path) -> dict | None:
+    """The run's ``num_novel.json`` (written when ``model.num_novel`` was ``"auto"``), else None."""
+    path = Path(run_dir) / ESTIMATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
