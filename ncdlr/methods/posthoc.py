@@ -35,3 +35,39 @@ def logit_adjustment(logits: Tensor, class_counts: Tensor, temperature: float = 
     counts = class_counts.to(logits.dtype)
     log_prior = torch.where(counts > 0, torch.log(counts.clamp_min(1) / counts.sum()), torch.zeros_like(counts))
     return logits / temperature - log_prior
+
+
+POSTHOC_CHOICES = ("none", "la", "crt", "la+crt")
+
+
+def posthoc_scores(kind: str, z_test: Tensor, test_logits: Tensor, z_known: Tensor, known_labels: Tensor,
+                   z_novel: Tensor, novel_logits: Tensor, prototypes: Tensor, *, temperature: float = 0.1,
+                   crt_epochs: int = 10, seed: int = 0) -> Tensor:
+    """``[N, K]`` test scores after the post-hoc fix ``kind``; their argmax is the prediction.
+
+    Args:
+        kind: ``"none"`` (``test_logits`` as they are), ``"la"`` (:func:`logit_adjustment` with the
+            pseudo-label prior), ``"crt"`` (``z_test · W`` with ``W`` from
+            :func:`ncdlr.methods.crt.retrain_classifier` on known labels + novel pseudo-labels), or
+            ``"la+crt"`` (cRT, then LA on the re-trained classifier's scores, same prior).
+        z_test: ``[N, D]`` unit test embeddings; ``test_logits [N, K]`` the trained model's scores.
+        z_known, known_labels: ``[Nk, D]`` embeddings and ``[Nk]`` labels of the known training rows.
+        z_novel, novel_logits: ``[Nu, D]`` embeddings and ``[Nu, Ku]`` novel-column scores of the novel
+            training rows (pseudo-label = argmax).
+        prototypes: ``[D, K]`` the trained prototypes (cRT's starting point).
+    """
+    if kind not in POSTHOC_CHOICES:
+        raise ValueError(f"posthoc must be one of {', '.join(POSTHOC_CHOICES)}, got {kind!r}")
+    if kind == "none":
+        return test_logits
+    num_known = test_logits.shape[1] - novel_logits.shape[1]
+    counts = pseudo_label_counts(known_labels, novel_logits, num_known)
+    if kind == "la":
+        return logit_adjustment(test_logits, counts, temperature)
+    from .crt import retrain_classifier
+
+    labels = torch.cat([known_labels.long(), num_known + novel_logits.argmax(1)])
+    weights = retrain_classifier(torch.cat([z_known, z_novel]), labels, prototypes.detach(), epochs=crt_epochs,
+                                 temperature=temperature, seed=seed)
+    scores = z_test @ weights
+    return scores if kind == "crt" else logit_adjustment(scores, counts, temperature)

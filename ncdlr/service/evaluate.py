@@ -58,14 +58,19 @@ def _test_inputs(cfg: Config, split: str, model) -> tuple[list[torch.Tensor], np
     return inputs, np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64), ids
 
 
-def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test") -> dict:
+def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test", posthoc: str = "") -> dict:
     """Evaluate run ``run_dir`` (its ``config.yaml`` and ``checkpoint`` or ``checkpoint.txt``); write the report.
+
+    ``posthoc`` (``none|la|crt|la+crt``; empty → the run's ``method.posthoc``) applies a post-hoc fix
+    (:func:`ncdlr.methods.posthoc.posthoc_scores`) before the report; ``metrics.json`` then holds the fixed
+    predictions' metrics, ``posthoc`` naming the fix and ``without_posthoc_all/known/novel`` the plain ones.
 
     Returns the metrics dict written to ``metrics.json``.
     """
     from ncdlr.metrics import cluster_accuracy
     from ncdlr.service.report import write_run_report
 
+    from .num_novel import model_num_novel
     from .train_loop import predict
     from .trainer import summarize_data
 
@@ -80,23 +85,70 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test")
             raise FileNotFoundError(f"run directory {str(run_dir)!r} has no checkpoint.txt; pass the checkpoint")
         checkpoint = pointer.read_text().strip()
     summary = summarize_data(cfg)
-    model, payload = load_trained_model(cfg, checkpoint, summary.num_known, summary.num_novel)
+    model, payload = load_trained_model(cfg, checkpoint, summary.num_known, model_num_novel(cfg, summary))
     device = torch.device("cpu")
     inputs, y_true, source_ids = _test_inputs(cfg, split, model)
     if len(y_true) == 0:
         raise ValueError(f"split {split!r} of the run's data is empty; nothing to evaluate")
     y_pred = predict(model, inputs, device)
+    posthoc = posthoc or cfg.method.posthoc
+    extra = {"posthoc": posthoc, "num_novel": model.num_novel, **_estimate_metrics(run_dir)}
+    if posthoc != "none":
+        plain = cluster_accuracy(y_true, y_pred, summary.num_known, summary.train_counts)
+        extra.update({f"without_posthoc_{k}": plain[k] for k in ("all", "known", "novel")})
+        y_pred = posthoc_predictions(cfg, model, inputs, posthoc)
     training = {f"train_{k}": float(v) for k, v in payload.get("metrics", {}).items() if isinstance(v, (int, float))}
     metrics = write_run_report(
         run_dir, y_true=y_true, y_pred=y_pred, num_known=summary.num_known, train_counts=summary.train_counts,
         class_names=summary.class_names, tau_history=list(enumerate(payload.get("tau_history", []), start=1)),
-        source_ids=source_ids, extra_metrics={"epochs": payload["epoch"], "steps": payload["step"], **training},
+        source_ids=source_ids, extra_metrics={"epochs": payload["epoch"], "steps": payload["step"], **extra, **training},
         split=split,
     )
     check = cluster_accuracy(y_true, y_pred, summary.num_known, summary.train_counts)
     if not same_accuracy(metrics.get("novel"), check["novel"]):
         log.warning("report's novel accuracy %s differs from cluster_accuracy %s", metrics.get("novel"), check["novel"])
     return metrics
+
+
+def _estimate_metrics(run_dir: Path) -> dict:
+    """``num_novel_estimated`` (+ the estimate's seconds) when the run was trained with ``model.num_novel=auto``."""
+    from .num_novel import read_estimate
+
+    record = read_estimate(run_dir)
+    if record is None:
+        return {}
+    return {"num_novel_estimated": record["num_novel"], "num_novel_estimate_s": record["seconds"]}
+
+
+def posthoc_predictions(cfg: Config, model, test_inputs: list[torch.Tensor], posthoc: str) -> np.ndarray:
+    """``[N]`` predictions after the post-hoc fix ``posthoc`` (la | crt | la+crt), on CPU.
+
+    Not under ``no_grad``: cRT trains the classifier. Embeds the test inputs and the known + novel training splits (eval view) with the trained model;
+    the novel rows' pseudo-labels are the model's argmax over the novel columns.
+    """
+    from ncdlr.methods import build_method
+    from ncdlr.methods.posthoc import posthoc_scores
+
+    method = build_method(cfg)
+
+    @torch.no_grad()
+    def embed(inputs: list[torch.Tensor]) -> torch.Tensor:
+        parts = [model(x).float() for x in inputs]
+        return torch.cat(parts) if parts else torch.zeros(0, model.class_prototypes().shape[0])
+
+    model.eval()
+    z_test = embed(test_inputs)
+    known_inputs, known_labels, _ = _test_inputs(cfg, "known", model)
+    novel_inputs, _, _ = _test_inputs(cfg, "novel", model)
+    z_known, z_novel = embed(known_inputs), embed(novel_inputs)
+    if len(z_known) == 0 or len(z_novel) == 0:
+        raise ValueError(f"posthoc {posthoc!r} needs the known and novel training splits; one is empty")
+    ks = model.num_known
+    scores = posthoc_scores(posthoc, z_test, method.predict_logits(model, z_test), z_known,
+                            torch.as_tensor(known_labels, dtype=torch.long), z_novel,
+                            method.predict_logits(model, z_novel)[:, ks:], model.class_prototypes(),
+                            temperature=cfg.method.temperature, crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)
+    return scores.argmax(1).numpy()
 
 
 def same_accuracy(reported: float | None, computed: float | None, tol: float = 1e-9) -> bool:
