@@ -117,6 +117,11 @@ class BufferClient:
             self.local.load_state_dict(state)
         self._step = step
 
+    @property
+    def step(self) -> int | None:
+        """The last step pushed into the replica (None before :meth:`start`)."""
+        return self._step
+
     def history_plus(self, step: int, rows: torch.Tensor) -> torch.Tensor:
         """``[max(J, n), Ku]`` replica after pushing ``rows [n, Ku]`` for ``step`` (identical on every rank)."""
         if self._step is None:

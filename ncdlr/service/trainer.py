@@ -259,9 +259,9 @@ def train_worker(config: dict) -> None:
             buffer = None
             if client is not None:  # the actor is the source of truth; the replica must equal it
                 client.flush()
-                buffer = ray.get(actor.snapshot.remote(state.step - 1))[1]
+                buffer = ray.get(actor.snapshot.remote(client.step))[1]
                 if not torch.equal(buffer["rows"], client.local.rows):
-                    raise RuntimeError(f"buffer replica of rank 0 differs from the buffer actor at step {state.step - 1}")
+                    raise RuntimeError(f"buffer replica of rank 0 differs from the buffer actor at step {client.step}")
             with tempfile.TemporaryDirectory() as tmp:
                 save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
