@@ -7,9 +7,16 @@ config is saved as RUN/config.yaml; checkpoints go to --storage-path (local or s
 TensorBoard logs to RUN/tensorboard; after training the test split is evaluated and RUN/metrics.json,
 predictions.parquet, plots and summary.md are written (`ncdlr report RUN` prints the summary).
 
+--num-novel sets the number of novel clusters Ku: 0 (default) takes the data's, N uses N, and "auto" runs
+ncdlr estimate-k on the known + novel training features first (feature-table mode: the table's rows; image
+mode: embedded with the frozen --model.encoder) and trains with Ks + Ku_est prototypes; the estimate is
+logged, written to RUN/num_novel.json, replaces "auto" in RUN/config.yaml and appears in metrics.json as
+num_novel_estimated. --posthoc la|crt|la+crt applies a post-hoc fix at the end-of-training evaluation.
+
 Examples:
   ncdlr train --config configs/openclipart.yaml --num-workers 2 --output runs/oc
   ncdlr train --features s3://bucket/features.parquet --output runs/feat --gamma 10 --epochs 20
+  ncdlr train --features feats.parquet --num-novel auto --posthoc la    # estimate Ku first; +LA at evaluation
   ray job submit -- ncdlr train --config configs/inat18_2k.yaml --num-workers 8 --use-gpu true
 """
 

@@ -51,7 +51,7 @@ class ModelConfig:
     prototype_seed: int = 0  #: seed of the simplex ETF prototypes (stored in every checkpoint)
     feature_dim: int = 0  #: input width for encoder "identity" (feature-table mode); 0 → from the table
     prototypes: str = "etf"  #: "etf" (fixed simplex ETF, the paper) | "learnable" (normalised, trained; uno/autonovel need it)
-    num_novel: str = "0"  #: novel clusters Ku: "0" → the data's number of novel classes; N → N clusters; "auto" → ncdlr.estimate_k on the training features first (feature-table mode; image mode: run `ncdlr embed` and train on the table)
+    num_novel: str = "0"  #: novel clusters Ku: "0" → the data's number of novel classes; N → N clusters; "auto" → ncdlr.estimate_k on the known+novel training features first (image mode embeds them with the frozen model.encoder first)
 
 
 @dataclass
