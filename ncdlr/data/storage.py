@@ -285,7 +285,7 @@ class ImplicitDirsS3Handler(pafs.FileSystemHandler):
         self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
 
     def delete_root_dir_contents(self) -> None:
-        self.fs.delete_dir_contents("/", accept_root_dir=True)
+        raise OSError("refusing to delete every bucket of the object store (delete_root_dir_contents)")
 
     def delete_file(self, path: str) -> None:
         self.fs.delete_file(path)
