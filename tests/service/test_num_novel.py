@@ -1,0 +1,146 @@
+"""``model.num_novel`` (0 | N | auto) and the oracle counts of ``labeler.prior=fixed``, wired as the trainer does.
+
+No Ray Train here: ``tests.fixtures.tiny_runs.make_run_dir`` runs the same resolve → build_model →
+build_worker_state → train → checkpoint chain as ``fit``/``train_worker`` on a tiny feature table, and
+``evaluate_run`` reads the run directory as ``ncdlr evaluate`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ncdlr.commands import train as train_command
+from ncdlr.service.config import ConfigError, Config, from_dict, load_config
+from ncdlr.service.evaluate import evaluate_run
+from ncdlr.service.num_novel import (ESTIMATE_FILE, fixed_prior_counts, model_num_novel, read_estimate,
+                                     resolve_num_novel)
+from ncdlr.service.train_loop import build_worker_state
+from ncdlr.service.trainer import DatasetSummary, summarize_data
+from ncdlr.models import build_model
+from tests.fixtures.tiny_runs import TINY_KS, TINY_KU, make_run_dir, tiny_config, write_tiny_table
+
+
+def _summary(num_known=3, num_novel=4, counts=(9, 8, 7, 20, 10, 5, 1)) -> DatasetSummary:
+    return DatasetSummary(num_known, num_novel, 8, sum(counts[num_known:]), [f"c{i}" for i in range(len(counts))],
+                          list(counts))
+
+
+# -- config ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("given, stored", [("auto", "auto"), ("7", "7"), ("0", "0")])
+def test_num_novel_flag_accepts_auto_and_counts(given, stored):
+    parser = argparse.ArgumentParser()
+    train_command.add_arguments(parser)
+    cfg = train_command.build_config(parser.parse_args(["--features", "t.parquet", "--num-novel", given]))
+    assert cfg.model.num_novel == stored
+
+
+def test_num_novel_as_a_yaml_integer_is_kept(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  num_novel: 12\n")
+    assert load_config(path).model.num_novel == "12"
+    assert from_dict({"model": {"num_novel": "auto"}}).model.num_novel == "auto"
+
+
+@pytest.mark.parametrize("bad", ["-3", "many", "1.5", ""])
+def test_bad_num_novel_is_refused_naming_the_key(bad):
+    with pytest.raises(ConfigError, match="model.num_novel"):
+        load_config(None, ["--num-novel", bad])
+
+
+# -- the model's Ku --------------------------------------------------------------------------------------------
+
+def test_model_num_novel_zero_takes_the_data_and_n_overrides():
+    cfg = Config()
+    assert model_num_novel(cfg, _summary()) == 4
+    cfg.model.num_novel = "9"
+    assert model_num_novel(cfg, _summary()) == 9
+
+
+def test_unresolved_auto_is_refused():
+    cfg = Config()
+    cfg.model.num_novel = "auto"
+    with pytest.raises(ValueError, match="auto"):
+        model_num_novel(cfg, _summary())
+
+
+def test_resolve_auto_estimates_ku_on_the_feature_table_and_records_it(tmp_path):
+    table = write_tiny_table(tmp_path / "f.parquet")
+    cfg = tiny_config(table, tmp_path, model={"num_novel": "auto"})
+    summary = summarize_data(cfg)
+    record = resolve_num_novel(cfg, summary, tmp_path)
+    assert abs(record["num_novel"] - TINY_KU) <= 0.2 * TINY_KU  # well-separated clusters: within ±20 %
+    assert cfg.model.num_novel == str(record["num_novel"])
+    assert record["num_novel_true"] == TINY_KU and record["features"] == table
+    assert read_estimate(tmp_path) == json.loads((tmp_path / ESTIMATE_FILE).read_text()) == record
+
+
+def test_resolve_leaves_numbers_alone(tmp_path):
+    cfg = tiny_config(write_tiny_table(tmp_path / "f.parquet"), tmp_path, model={"num_novel": "7"})
+    assert resolve_num_novel(cfg, summarize_data(cfg), tmp_path) is None
+    assert cfg.model.num_novel == "7" and read_estimate(tmp_path) is None
+
+
+def test_auto_run_trains_and_evaluates_with_the_estimated_ku(tmp_path):
+    run, cfg = make_run_dir(tmp_path, model={"num_novel": "auto"})
+    saved = load_config(run / "config.yaml")
+    assert saved.model.num_novel == cfg.model.num_novel != "auto"  # the resolved config holds the number
+    metrics = evaluate_run(run)
+    estimate = read_estimate(run)["num_novel"]
+    assert metrics["num_novel_estimated"] == metrics["num_novel"] == estimate
+    assert json.loads((run / "metrics.json").read_text())["num_novel_estimated"] == estimate
+    assert 0.0 <= metrics["novel"] <= 1.0
+
+
+def test_a_fixed_number_of_clusters_other_than_the_data_trains_and_evaluates(tmp_path):
+    run, _ = make_run_dir(tmp_path, model={"num_novel": "8"})  # data: 5 novel classes
+    metrics = evaluate_run(run)
+    assert metrics["num_novel"] == 8 and "num_novel_estimated" not in metrics
+    assert 0.0 <= metrics["all"] <= 1.0  # Hungarian matching over Ks + 8 predicted ids
+
+
+# -- labeler.prior=fixed (oracle) -------------------------------------------------------------------------------
+
+def test_fixed_prior_gets_the_true_novel_training_counts():
+    cfg = Config()
+    cfg.labeler.prior = "fixed"
+    assert torch.equal(fixed_prior_counts(cfg, _summary()), torch.tensor([20.0, 10.0, 5.0, 1.0]))
+    cfg.labeler.prior = "adaptive"
+    assert fixed_prior_counts(cfg, _summary()) is None
+
+
+def test_fixed_prior_with_another_ku_is_refused():
+    cfg = Config()
+    cfg.labeler.prior, cfg.model.num_novel = "fixed", "6"
+    with pytest.raises(ValueError, match="prior=fixed"):
+        fixed_prior_counts(cfg, _summary())
+
+
+def test_fixed_prior_with_no_novel_training_rows_is_refused():
+    cfg = Config()
+    cfg.labeler.prior = "fixed"
+    with pytest.raises(ValueError, match="all zero"):
+        fixed_prior_counts(cfg, _summary(counts=(9, 8, 7, 0, 0, 0, 0)))
+
+
+def test_build_worker_state_gives_the_fixed_prior_its_counts(tmp_path):
+    cfg = tiny_config(write_tiny_table(tmp_path / "f.parquet"), tmp_path, labeler={"prior": "fixed"})
+    summary = summarize_data(cfg)
+    cfg.model.feature_dim = summary.feature_dim
+    model = build_model(cfg.model, TINY_KS, TINY_KU)
+    with pytest.raises(ValueError, match="fixed_prior"):  # the failure the service had before
+        build_worker_state(cfg, model, 1, torch.device("cpu"))
+    state = build_worker_state(cfg, model, 1, torch.device("cpu"), fixed_prior=fixed_prior_counts(cfg, summary))
+    novel_counts = np.asarray(summary.train_counts[TINY_KS:], dtype=float)
+    expected = np.sort(novel_counts)[::-1] / novel_counts.sum()
+    assert np.allclose(state.labeler.ranked_prior.numpy(), expected)
+
+
+def test_fixed_prior_run_trains_and_evaluates(tmp_path):
+    run, _ = make_run_dir(tmp_path, labeler={"prior": "fixed"})
+    assert 0.0 <= evaluate_run(run)["novel"] <= 1.0
