@@ -305,97 +305,14 @@ def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -
 
 # -- storage: Ray Tune/Train on s3:// ---------------------------------------------------------------------------
 
-def _rebuild_no_marker_handler(client_defaults: dict[str, str], inner: bytes) -> "NoMarkerS3Handler":
-    """Unpickle in a Ray process: the AWS SDK reads the checksum settings from the environment when the S3
-    client is built, so they are applied before the inner filesystem is unpickled."""
-    import pickle
-
-    for key, value in client_defaults.items():
-        os.environ.setdefault(key, value)
-    return NoMarkerS3Handler(pickle.loads(inner))
-
-
-class NoMarkerS3Handler(pafs.FileSystemHandler):
-    """A pyarrow filesystem handler that delegates to an S3 filesystem but makes ``create_dir`` a no-op.
-
-    Object stores have no directories: objects are written under any prefix without one. Ray's storage layer
-    still calls ``create_dir``, which pyarrow turns into a zero-byte ``prefix/`` marker object; some
-    S3-compatible servers (the embedded ``rclone serve s3`` among them) refuse that request. Picklable: the
-    inner ``S3FileSystem`` keeps its credentials, and unpickling applies ``CLIENT_DEFAULTS`` (checksum settings)
-    first, so Ray processes (Tune trials, the Train controller) started without the AWS variables can use it.
-    """
-
-    def __init__(self, inner: pafs.FileSystem):
-        self.inner = inner
-
-    def __reduce__(self):
-        import pickle
-
-        from ncdlr.data.storage import CLIENT_DEFAULTS
-
-        return _rebuild_no_marker_handler, (dict(CLIENT_DEFAULTS), pickle.dumps(self.inner))
-
-    def __eq__(self, other):
-        return isinstance(other, NoMarkerS3Handler) and self.inner.equals(other.inner)
-
-    def __ne__(self, other):
-        return not self == other
-
-    def get_type_name(self):
-        return "s3-no-dir-markers"
-
-    def normalize_path(self, path):
-        return self.inner.normalize_path(path)
-
-    def get_file_info(self, paths):
-        return self.inner.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self.inner.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        """No-op: an object store needs no directory before objects are written under a prefix."""
-
-    def delete_dir(self, path):
-        self.inner.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self.inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        raise OSError("refusing to delete the whole object store")
-
-    def delete_file(self, path):
-        self.inner.delete_file(path)
-
-    def move(self, src, dest):
-        self.inner.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self.inner.copy_file(src, dest)
-
-    def open_input_stream(self, path):
-        return self.inner.open_input_stream(path)
-
-    def open_input_file(self, path):
-        return self.inner.open_input_file(path)
-
-    def open_output_stream(self, path, metadata):
-        return self.inner.open_output_stream(path, metadata=metadata)
-
-    def open_append_stream(self, path, metadata):
-        return self.inner.open_append_stream(path, metadata=metadata)
-
-
 def ray_storage(uri: str):
     """``(filesystem, path)`` for Ray's ``storage_filesystem``/``storage_path``: local → ``(None, abs path)``;
-    ``s3://bucket/prefix`` → an S3 filesystem without directory markers (:class:`NoMarkerS3Handler`)."""
-    from ncdlr.data.storage import is_s3, resolve
+    ``s3://bucket/prefix`` → the marker-free S3 filesystem of :func:`ncdlr.data.storage.run_storage_filesystem`."""
+    from ncdlr.data.storage import is_s3, run_storage_filesystem
 
     if not is_s3(uri):
         return None, str(Path(uri).resolve())
-    fs, path = resolve(uri)  # checks the bucket; errors name the URI
-    return pafs.PyFileSystem(NoMarkerS3Handler(fs)), path
+    return run_storage_filesystem(uri)  # checks the bucket; errors name the URI
 
 
 # -- the data: a feature table, or the embedded synthetic default ----------------------------------------------
