@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(PY) -m ncdlr.train_inat2k
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
