@@ -17,8 +17,11 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
+
+from ncdlr.data.storage import resolve
 
 from .train_loop import FeatureSplits
 
@@ -27,24 +30,29 @@ log = logging.getLogger(__name__)
 METADATA_KEY = b"ncdlr"
 
 
-def _filesystem(uri: str):
-    if uri.startswith("s3://"):
-        from ncdlr.data.storage import resolve
+FEATURE_TABLE_COLUMNS = ("embedding", "label", "split")
 
-        return resolve(uri)
-    return None, uri[len("file://"):] if uri.startswith("file://") else uri
+
+def open_feature_table(uri: str) -> tuple[pafs.FileSystem, str, pa.Schema]:
+    """Filesystem, path and schema of a feature table (parquet file or directory, local or s3://).
+
+    Raises FileNotFoundError / ValueError naming ``uri`` (and the missing column).
+    """
+    fs, path = resolve(uri)
+    try:
+        schema = pq.ParquetDataset(path, filesystem=fs).schema
+    except (FileNotFoundError, OSError) as err:
+        raise FileNotFoundError(f"feature table {uri!r} cannot be read: {err}") from err
+    for column in FEATURE_TABLE_COLUMNS:
+        if column not in schema.names:
+            raise ValueError(f"feature table {uri!r} lacks column {column!r} (has {schema.names})")
+    return fs, path, schema
 
 
 def read_feature_table(uri: str) -> FeatureSplits:
     """Load a feature table (local path or s3://) into per-split tensors; errors name the URI and column."""
-    fs, path = _filesystem(uri)
-    try:
-        table = pq.read_table(path, filesystem=fs)
-    except (FileNotFoundError, OSError) as err:
-        raise FileNotFoundError(f"feature table {uri!r} cannot be read: {err}") from err
-    for column in ("embedding", "label", "split"):
-        if column not in table.column_names:
-            raise ValueError(f"feature table {uri!r} lacks column {column!r} (has {table.column_names})")
+    fs, path, _ = open_feature_table(uri)
+    table = pq.read_table(path, filesystem=fs)
     emb = table.column("embedding").combine_chunks()
     if not pa.types.is_list(emb.type) and not pa.types.is_fixed_size_list(emb.type) and not pa.types.is_large_list(emb.type):
         raise ValueError(f"feature table {uri!r}: column 'embedding' must be a list of floats, is {emb.type}")
@@ -86,11 +94,9 @@ def write_feature_table(uri: str, embeddings: np.ndarray, labels: np.ndarray, sp
         columns["source_id"] = pa.array(list(source_ids))
     meta = {"num_known": num_known, "num_novel": num_novel, "class_names": names, **(extra or {})}
     table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()})
-    fs, path = _filesystem(uri)
-    if fs is None:
-        import os
-
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fs, path = resolve(uri)
+    if isinstance(fs, pafs.LocalFileSystem):  # object stores need no parent "directories"
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     pq.write_table(table, path, filesystem=fs)
 
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from ncdlr.metrics import head_medium_tail
 
-from .embed import METADATA_KEY, write_feature_table
+from .embed import METADATA_KEY, open_feature_table, write_feature_table
 
 SCORING_SPLIT = "val"
 
@@ -127,16 +127,7 @@ def holdout_mask(labels: np.ndarray, fraction: float = 0.2, seed: int = 0) -> np
 
 def _read_known_rows(uri: str) -> tuple[pa.Table, dict]:
     """The ``known`` rows of a feature table (``embedding``, ``label``, optional ``source_id``) and its metadata."""
-    from ncdlr.data.storage import resolve
-
-    fs, path = resolve(uri)
-    try:
-        schema = pq.read_schema(path, filesystem=fs)
-    except (FileNotFoundError, OSError) as err:
-        raise FileNotFoundError(f"feature table {uri!r} cannot be read: {err}") from err
-    for column in ("embedding", "label", "split"):
-        if column not in schema.names:
-            raise ValueError(f"feature table {uri!r} lacks column {column!r} (has {schema.names})")
+    fs, path, schema = open_feature_table(uri)
     columns = ["embedding", "label"] + (["source_id"] if "source_id" in schema.names else [])
     table = pq.read_table(path, filesystem=fs, columns=columns, filters=[("split", "==", "known")])
     meta = {}
