@@ -95,6 +95,19 @@ def test_bad_images_do_not_enter_the_losses(splits):
 
 # ---- distributed ≡ single process (gloo, two local processes, no Ray) -------------------------------------------
 
+def pseudo_labels_without_side_effects(state, batch, cfg, buffer, step, rank):
+    """This step's pseudo-labels ``[2, B, Ku]`` from copies of the labeler and buffer (the real ones stay untouched)."""
+    scores = torch.stack([state.model(batch.novel_view1) @ state.model.novel_prototypes,
+                          state.model(batch.novel_view2) @ state.model.novel_prototypes]).detach()
+    labeler_copy = AdaptiveSelfLabeler(KU, gamma=5.0)
+    labeler_copy.load_state_dict(state.labeler.state_dict())
+    buffer_copy = LocalBuffer(cfg.labeler.buffer_size, KU)
+    if len(buffer.buffer):
+        buffer_copy.buffer.load_state_dict(buffer.buffer.state_dict())
+    q, _ = pseudo_labels(scores, batch.novel_valid, labeler_copy, buffer_copy, step, rank)
+    return q
+
+
 def _ddp_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -112,14 +125,7 @@ def _ddp_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> N
         for step, batch in enumerate(feature_batches(splits, cfg, 0, rank, world)):
             if step == 4:
                 break
-            scores = torch.stack([state.model(batch.novel_view1) @ state.model.novel_prototypes,
-                                  state.model(batch.novel_view2) @ state.model.novel_prototypes]).detach()
-            labeler_copy = AdaptiveSelfLabeler(KU, gamma=5.0)
-            labeler_copy.load_state_dict(state.labeler.state_dict())
-            buffer_copy = LocalBuffer(cfg.labeler.buffer_size, KU)
-            buffer_copy.buffer.load_state_dict(buffer.buffer.state_dict()) if len(buffer.buffer) else None
-            q, _ = pseudo_labels(scores, batch.novel_valid, labeler_copy, buffer_copy, step, rank)
-            labels.append(q)
+            labels.append(pseudo_labels_without_side_effects(state, batch, cfg, buffer, step, rank))
             train_step(state, batch, cfg, buffer, rank)
             taus.append(state.labeler.imbalance_factor)
         torch.save({"taus": taus, "labels": labels, "model": state.model.state_dict(), "t": state.labeler.t.detach()},
@@ -147,14 +153,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(splits, tmp_
     for step, batch in enumerate(feature_batches(single, cfg, 0, 0, 1)):
         if step == 4:
             break
-        scores = torch.stack([state.model(batch.novel_view1) @ state.model.novel_prototypes,
-                              state.model(batch.novel_view2) @ state.model.novel_prototypes]).detach()
-        labeler_copy = AdaptiveSelfLabeler(KU, gamma=5.0)
-        labeler_copy.load_state_dict(state.labeler.state_dict())
-        buffer_copy = LocalBuffer(cfg.labeler.buffer_size, KU)
-        if len(buffer.buffer):
-            buffer_copy.buffer.load_state_dict(buffer.buffer.state_dict())
-        q, _ = pseudo_labels(scores, batch.novel_valid, labeler_copy, buffer_copy, step, 0)
+        q = pseudo_labels_without_side_effects(state, batch, cfg, buffer, step, 0)
         for rank in range(2):  # each rank's rows are its block of the single-process batch
             assert torch.allclose(ranks[rank]["labels"][step], q[:, rank * 8:(rank + 1) * 8], atol=1e-5)
         train_step(state, batch, cfg, buffer, 0)
