@@ -256,10 +256,8 @@ def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -
     import ray
     import ray.tune
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    from ncdlr.service.buffer_actor import get_or_create_buffer_actor
-    from ncdlr.service.trainer import summarize_data
+    from ncdlr.service.trainer import run_torch_trainer, summarize_data
 
     os.environ.update(env or {})
     gamma_run = trial_gamma(config["gamma"], settings["val_num_novel"], settings["target_num_novel"],
@@ -278,16 +276,13 @@ def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -
     Path(cfg.run.output).mkdir(parents=True, exist_ok=True)
     save_config(cfg, Path(cfg.run.output) / "config.yaml")
 
-    namespace, actor_name = "ncdlr", f"buffer-tune-{trial_id}-{uuid.uuid4().hex[:6]}"
-    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, summary.num_novel, namespace)
     resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": settings["gpus_per_trial"] / workers} if use_gpu else {})}
     storage_fs, storage_path = ray_storage(settings["train_storage"])
-    trainer = TorchTrainer(
-        _train_worker_in_trial,
-        train_loop_config={"cfg": cfg.to_dict(), "actor": actor_name, "namespace": namespace,
-                           "summary": summary.__dict__, "trial_id": trial_id,
-                           "pg_registry": settings["pg_registry"],
-                           "env": {k: v for k, v in os.environ.items() if k.startswith("AWS_")}},
+    run_torch_trainer(
+        cfg, summary, _train_worker_in_trial,
+        actor_name=f"buffer-tune-{trial_id}-{uuid.uuid4().hex[:6]}",
+        num_novel=summary.num_novel,
+        extra_loop_config={"trial_id": trial_id, "pg_registry": settings["pg_registry"]},
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
         # A fixed name per trial: a restored trial's TorchTrainer resumes from its own last checkpoint.
         run_config=RunConfig(name=f"trial-{trial_id}", storage_path=storage_path, storage_filesystem=storage_fs,
@@ -295,12 +290,6 @@ def run_trial(config: dict, settings: dict, env: dict[str, str] | None = None) -
                              failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                              callbacks=[_validation_callback_class()(cfg.to_dict(), env or {})]),
     )
-    try:
-        result = trainer.fit()
-    finally:
-        ray.kill(actor)
-    if result.error:
-        raise result.error
 
 
 # -- storage: Ray Tune/Train on s3:// ---------------------------------------------------------------------------

@@ -305,6 +305,40 @@ def _datasets(cfg: Config) -> dict:
             "dataset_config": pipeline.train_data_config(pipe)}
 
 
+def run_torch_trainer(cfg: Config, summary, train_fn, *, actor_name: str, num_novel: int, scaling_config,
+                      run_config, extra_loop_config: dict | None = None, **trainer_kwargs):
+    """Run ``TorchTrainer(train_fn)`` next to a fresh shared buffer actor; return the Ray Train ``Result``.
+
+    The workers get the standard loop config (``cfg``, the actor's name and namespace, the data ``summary``,
+    the driver's ``AWS_*`` variables) plus ``extra_loop_config``. The actor is released however the run ends,
+    and a failed run raises its error.
+    """
+    import ray
+    from ray.train.torch import TorchTrainer
+
+    from .buffer_actor import get_or_create_buffer_actor
+
+    namespace = "ncdlr"
+    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, num_novel, namespace)
+    trainer = TorchTrainer(
+        train_fn,
+        train_loop_config={"cfg": cfg.to_dict(), "actor": actor_name, "namespace": namespace,
+                           "summary": summary.__dict__,
+                           "env": {k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+                           **(extra_loop_config or {})},
+        scaling_config=scaling_config,
+        run_config=run_config,
+        **trainer_kwargs,
+    )
+    try:
+        result = trainer.fit()
+    finally:
+        ray.kill(actor)
+    if result.error:
+        raise result.error
+    return result
+
+
 def fit(cfg: Config) -> dict:
     """Train with Ray Train and (if ``run.evaluate``) evaluate + write the report. Returns a summary dict.
 
@@ -313,9 +347,7 @@ def fit(cfg: Config) -> dict:
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    from .buffer_actor import get_or_create_buffer_actor
     from .num_novel import fixed_prior_counts, model_num_novel, resolve_num_novel
 
     start = time.perf_counter()
@@ -336,14 +368,10 @@ def fit(cfg: Config) -> dict:
     if resolve_num_novel(cfg, summary, output) is not None:  # model.num_novel=auto → the estimate, saved
         save_config(cfg, output / "config.yaml")
     fixed_prior_counts(cfg, summary)  # refuse prior=fixed with a Ku other than the data's before Ray Train starts
-    namespace = "ncdlr"
-    actor_name = f"buffer-{cfg.run.name}-{uuid.uuid4().hex[:8]}"
-    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, model_num_novel(cfg, summary), namespace)
-    trainer = TorchTrainer(
-        train_worker,
-        train_loop_config={"cfg": cfg.to_dict(), "actor": actor_name, "namespace": namespace,
-                           "summary": summary.__dict__,
-                           "env": {k: v for k, v in os.environ.items() if k.startswith("AWS_")}},
+    result = run_torch_trainer(
+        cfg, summary, train_worker,
+        actor_name=f"buffer-{cfg.run.name}-{uuid.uuid4().hex[:8]}",
+        num_novel=model_num_novel(cfg, summary),
         scaling_config=ScalingConfig(num_workers=cfg.run.num_workers, use_gpu=use_gpu,
                                      resources_per_worker={"CPU": cfg.run.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}),
         run_config=RunConfig(name=f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}",
@@ -352,12 +380,6 @@ def fit(cfg: Config) -> dict:
                              failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
         **_datasets(cfg),
     )
-    try:
-        result = trainer.fit()
-    finally:
-        ray.kill(actor)
-    if result.error:
-        raise result.error
     checkpoint_path = ""
     if result.checkpoint is not None:  # an s3 checkpoint's path has no scheme: restore it
         checkpoint_path = ("s3://" + result.checkpoint.path.lstrip("/") if _storage_path(cfg).startswith("s3://")
