@@ -12,6 +12,10 @@ Two solvers compute the same truncated Sinkhorn:
   the scores do not change across the ``L`` alternations, only ``w`` does. So the kernel
   ``exp(S/ε)`` is rescaled once into a well-conditioned matrix and every later Sinkhorn iteration is a
   matrix-vector product instead of a logsumexp pass (see :meth:`ScaledKernel.from_scores`).
+
+For the scalar priors the labeler differentiates ``F`` in ``t`` in forward mode: the tangent ``dw/dt`` is
+carried through the ``T`` Sinkhorn updates next to the solve (:meth:`ScaledKernel.column_scaling_jvp`),
+which halves the passes over the kernel against autograd's forward + backward and builds no graph.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 PriorKind = Literal["adaptive", "uniform", "fixed", "free", "bounded", "anchored"]
+_SCALAR_PRIORS = ("adaptive", "bounded", "anchored")  # one learned scalar t: derivative in forward mode
 
 
 def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int) -> Tensor:
@@ -133,28 +138,37 @@ class ScaledKernel:
     in closed form (``ṽ = w / column_mass``).
     """
 
-    kernel: Tensor  # [N, K], detached
-    weighted: Tensor  # [N, K], kernel ⊙ S, for the transport cost
+    kernel: Tensor  # [N, K], detached; the first half of ``stacked``
+    weighted: Tensor  # [N, K], kernel ⊙ S, for the transport cost; the second half of ``stacked``
     column_mass: Tensor  # [K], Σ_i kernel_ik e^{r_i} = e^{c_k - m_k} ≥ 1: first column update is ṽ = w / column_mass
     log_mass: Tensor  # [K], c_k = log Σ_i exp(S_ik/ε); clusters are ranked by it (method.md §4.3)
+    stacked: Tensor  # [2N, K] = [kernel; weighted] in one block: one product gives both halves of the gain
 
     @classmethod
     def from_scores(cls, scores: Tensor, eps: float) -> "ScaledKernel":
-        """Rescale ``exp(S/ε)`` for ``scores [N, K]`` in five passes, in place where possible.
+        """Rescale ``exp(S/ε)`` for ``scores [N, K]`` with a single ``exp`` pass, in place where possible.
 
-        Columns are shifted by their maximum ``m_k`` and rows then normalised in the log domain, so
-        ``kernel = exp(S/ε - m - r)`` with ``r_i = log Σ_k exp(S_ik/ε - m_k)``: entries ≤ 1, rows sum to 1,
-        every column holds an entry ≥ 1/K. The log soft mass follows without another exp pass:
-        ``c_k = m_k + log Σ_i kernel_ik e^{r_i}``.
+        Columns are shifted by their maximum ``m_k``, then each row by its own maximum ``ρ_i ≤ 0``, then
+        exponentiated and normalised by the row sum ``σ_i ≥ 1``. So ``kernel = exp(S/ε - m - r)`` with
+        ``r_i = ρ_i + log σ_i = log Σ_k exp(S_ik/ε - m_k)``: entries ≤ 1, rows sum to 1, and every column
+        holds an entry ≥ 1/K (at the row of its maximum, whose row maximum is 0). The log soft mass follows
+        without another exp pass: ``c_k = m_k + log Σ_i kernel_ik e^{r_i}``.
         """
         scores = scores.detach()
-        shifted = scores / eps
-        col_max = shifted.amax(dim=0)
-        shifted.sub_(col_max)
-        row_lse = torch.logsumexp(shifted, dim=1)
-        kernel = shifted.sub_(row_lse[:, None]).exp_()
+        n, k = scores.shape
+        stacked = torch.empty(2 * n, k, dtype=scores.dtype, device=scores.device)
+        kernel, weighted = stacked[:n], stacked[n:]
+        torch.div(scores, eps, out=kernel)
+        col_max = kernel.amax(dim=0)
+        kernel.sub_(col_max)
+        row_max = kernel.amax(dim=1)
+        kernel.sub_(row_max[:, None]).exp_()
+        row_sum = kernel.sum(dim=1)
+        kernel.div_(row_sum[:, None])
+        row_lse = row_max + torch.log(row_sum)
         column_mass = torch.exp(row_lse) @ kernel
-        return cls(kernel, kernel * scores, column_mass, col_max + torch.log(column_mass))
+        torch.mul(kernel, scores, out=weighted)
+        return cls(kernel, weighted, column_mass, col_max + torch.log(column_mass), stacked)
 
     def column_scaling(self, col_marginal: Tensor, n_iters: int) -> Tensor:
         """Rescaled column potential ``ṽ [K]`` after ``T`` column updates (differentiable in ``w``).
@@ -178,6 +192,39 @@ class ScaledKernel:
     def transport_gain(self, v: Tensor) -> Tensor:
         """``mean_i Σ_k Q_ik S_ik`` for the row-normalised plan ``Q`` — two matvecs, no ``[N, K]`` temporaries."""
         return ((self.weighted @ v) / (self.kernel @ v)).mean()
+
+    def column_scaling_jvp(self, col_marginal: Tensor, tangent: Tensor, n_iters: int) -> tuple[Tensor, Tensor]:
+        """:meth:`column_scaling` and its directional derivative, forward mode (no autograd).
+
+        Args:
+            col_marginal: ``[K]`` marginal ``w``.
+            tangent: ``[K]`` direction ``dw`` (the derivative of ``w`` in the learned parameter).
+
+        Returns:
+            ``(ṽ, dṽ)``, both ``[K]``. Each Sinkhorn update carries its tangent along: the pair is one
+            ``[N, K] @ [K, 2]`` product for the row side and two vector-matrix products for the column side,
+            so the derivative costs about as much as the solve itself, with no autograd graph.
+        """
+        n = self.kernel.shape[0]
+        v = col_marginal / self.column_mass
+        dv = tangent / self.column_mass
+        for _ in range(n_iters - 1):
+            both = self.kernel @ torch.stack([v, dv]).T  # [N, 2]: K v and K dv
+            kv, kdv = both[:, 0], both[:, 1]
+            u = (1.0 / n) / kv
+            du = -u * kdv / kv
+            ktu, ktdu = u @ self.kernel, du @ self.kernel
+            v = col_marginal / ktu
+            dv = tangent / ktu - v * ktdu / ktu
+        return v, dv
+
+    def transport_gain_jvp(self, v: Tensor, dv: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`transport_gain` and its directional derivative along ``dv`` (one ``[2N, K] @ [K, 2]`` product)."""
+        n = self.kernel.shape[0]
+        both = self.stacked @ torch.stack([v, dv]).T  # [2N, 2]: rows [K; KS] times [v, dv]
+        kv, kdv, wv, wdv = both[:n, 0], both[:n, 1], both[n:, 0], both[n:, 1]
+        ratio = wv / kv
+        return ratio.mean(), ((wdv - ratio * kdv) / kv).mean()
 
 
 class AdaptiveSelfLabeler(nn.Module):
@@ -261,6 +308,7 @@ class AdaptiveSelfLabeler(nn.Module):
                 raise ValueError(f"prior='fixed' needs fixed_prior: non-negative [{num_clusters}] with a positive sum")
             sizes = torch.sort(fixed_prior.detach().float(), descending=True).values
             self.register_buffer("ranked_prior", sizes / sizes.sum())
+        self.forward_mode = True  # scalar priors: dF/dt by forward mode; False → autograd through objective()
         params = list(self.parameters())
         self._optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum) if params else None
         self.last_prior: Tensor = torch.full((num_clusters,), 1.0 / num_clusters)
@@ -307,6 +355,57 @@ class AdaptiveSelfLabeler(nn.Module):
         value = -kernel.transport_gain(v) + self.gamma * divergence / self.num_clusters
         return value, v
 
+    def _log_tau(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(s, ds/dt)`` for the scalar priors, ``s = log τ``: softplus(t) (adaptive, anchored) or
+        ``log(τ_max)·sigmoid(t)`` (bounded). Detached scalars of ``dtype``."""
+        t = self.t.detach().to(dtype)
+        if self.prior == "bounded":
+            sig = torch.sigmoid(t)
+            scale = math.log(self.max_imbalance)
+            return scale * sig, scale * sig * (1 - sig)
+        return F.softplus(t), torch.sigmoid(t)
+
+    @torch.no_grad()
+    def objective_and_derivative(self, kernel: ScaledKernel, rank_of_cluster: Tensor
+                                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``F``, ``dF/dt``, ``ṽ`` and ``w`` for the scalar priors (adaptive, bounded, anchored), forward mode.
+
+        ``w_r = softmax_r(-ρ_r s)`` with ``ρ_r = r / (K-1)`` and ``s = log τ``, so ``dw_r/ds = w_r (ρ̄ - ρ_r)``
+        with ``ρ̄ = Σ_r w_r ρ_r``. That direction is pushed through the ``T`` Sinkhorn updates alongside the
+        solve (:meth:`ScaledKernel.column_scaling_jvp`); the KL term's derivative is closed-form:
+        ``d KL(ν‖w)/ds = mean(ρ) - ρ̄`` and ``d KL(a‖w)/ds = Σ_r a_r ρ_r - ρ̄ Σ_r a_r`` (anchored; ``w`` in rank order is
+        already sorted descending since ``s > 0``). Equals autograd through :meth:`objective` (tested) at a
+        fraction of its cost: no graph, one stacked product per Sinkhorn half-step.
+
+        Returns:
+            ``(F, dF/dt, ṽ [K], w [K])`` — scalars are 0-d tensors; ``w`` in cluster order.
+        """
+        k = self.num_clusters
+        dtype, device = kernel.kernel.dtype, kernel.kernel.device
+        s, ds_dt = self._log_tau(dtype)
+        if k == 1:
+            ranked = torch.ones(1, dtype=dtype, device=device)
+            direction = torch.zeros(1, dtype=dtype, device=device)
+            rho = torch.zeros(1, dtype=dtype, device=device)
+        else:
+            rho = torch.arange(k, dtype=dtype, device=device) / (k - 1)
+            ranked = torch.softmax(-rho * s, dim=0)
+            direction = ranked * ((ranked * rho).sum() - rho)
+        w, dw = ranked[rank_of_cluster], direction[rank_of_cluster]
+        v, dv = kernel.column_scaling_jvp(w, dw, self.n_iters)
+        gain, dgain = kernel.transport_gain_jvp(v, dv)
+        mean_rho = (ranked * rho).sum()
+        if self.prior == "anchored":
+            anchor = self.anchor.to(dtype)
+            divergence = kl_divergence(anchor, ranked)
+            d_divergence = (anchor * rho).sum() - mean_rho * anchor.sum()
+        else:
+            divergence = kl_from_uniform(w)
+            d_divergence = rho.mean() - mean_rho
+        value = -gain + self.gamma * divergence / k
+        derivative = (-dgain + self.gamma * d_divergence / k) * ds_dt
+        return value, derivative, v, w
+
     def forward(self, scores: Tensor, last: int | None = None) -> Tensor:
         """Soft pseudo-labels for ``scores [N, K]`` (detached, float32, rows sum to 1).
 
@@ -323,6 +422,15 @@ class AdaptiveSelfLabeler(nn.Module):
         if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
             raise ValueError("scores must be finite (NaN or inf found)")
         rank_of_cluster = rank_by_mass(kernel.log_mass)
+        if self._optimizer is not None and self.prior in _SCALAR_PRIORS and self.forward_mode:
+            for _ in range(self.outer_steps):
+                value, derivative, v, w = self.objective_and_derivative(kernel, rank_of_cluster)
+                self.t.grad = derivative.to(self.t.dtype).reshape(self.t.shape)
+                torch.nn.utils.clip_grad_norm_(self.parameters(), self.grad_clip)
+                self._optimizer.step()
+            self.last_prior = w
+            self.last_objective = float(value)
+            return kernel.rows(v, last)
         with torch.enable_grad():
             if self._optimizer is None:
                 w = self._column_marginal(rank_of_cluster)

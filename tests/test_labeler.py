@@ -5,7 +5,7 @@ import torch
 
 from ncdlr.data.longtail import long_tail_counts
 from ncdlr.metrics import cluster_accuracy
-from ncdlr.ot import AdaptiveSelfLabeler, ScaledKernel, cluster_prior, rank_by_mass
+from ncdlr.ot import AdaptiveSelfLabeler, ScaledKernel, bounded_cluster_prior, cluster_prior, rank_by_mass
 from ncdlr.prototypes import simplex_etf
 
 
@@ -159,3 +159,51 @@ def test_non_finite_scores_are_a_clear_error(bad):
     scores[3, 4] = bad
     with pytest.raises(ValueError, match="finite"):
         AdaptiveSelfLabeler(20)(scores)
+
+
+@pytest.mark.parametrize("prior,extra", [("adaptive", {}), ("bounded", {"max_imbalance": 40.0}),
+                                         ("anchored", {"max_imbalance": 25.0})])
+@pytest.mark.parametrize("eps,n_iters", [(0.05, 1), (0.05, 3), (0.01, 5)])
+def test_forward_mode_derivative_equals_autograd(prior, extra, eps, n_iters):
+    """The labeler's hand-propagated dF/dt equals autograd through ``objective`` (float64, several t)."""
+    scores, _, _ = long_tailed_scores(3)
+    kernel = ScaledKernel.from_scores(scores.double(), eps)
+    rank = rank_by_mass(kernel.log_mass)
+    labeler = AdaptiveSelfLabeler(20, prior=prior, eps=eps, n_iters=n_iters, gamma=4.0, **extra)
+    if prior == "anchored":
+        labeler.anchor = labeler.anchor.double()  # both paths then take log(anchor) in float64
+    for t in (-1.5, 0.0, 0.7, 2.5):
+        with torch.no_grad():
+            labeler.t.fill_(t)
+        value, derivative, v, w = labeler.objective_and_derivative(kernel, rank)
+        reference = labeler.t.detach().double().requires_grad_(True)  # the autograd objective at a float64 t
+        ranked = (bounded_cluster_prior(reference, 20, extra["max_imbalance"]) if prior == "bounded"
+                  else cluster_prior(reference, 20))
+        ref_value, ref_v = labeler.objective(kernel, ranked[rank])
+        (ref_grad,) = torch.autograd.grad(ref_value, reference)
+        assert float(value) == pytest.approx(float(ref_value.detach()), rel=1e-12, abs=1e-14)
+        assert float(derivative) == pytest.approx(float(ref_grad), rel=1e-9, abs=1e-13)
+        torch.testing.assert_close(v, ref_v.detach(), rtol=1e-12, atol=0)
+        assert float(ref_grad) != 0.0
+
+
+@pytest.mark.parametrize("prior,extra", [("adaptive", {}), ("bounded", {"max_imbalance": 40.0}),
+                                         ("anchored", {"max_imbalance": 25.0})])
+def test_forward_mode_labeler_follows_the_autograd_labeler(prior, extra):
+    """Same τ trajectory, pseudo-labels and optimiser state with forward-mode or autograd derivatives.
+
+    Both run in float32 with different operation orders; momentum 0.99 carries the rounding differences
+    along, so agreement is to float32 accuracy (the derivative itself is compared in float64 above).
+    """
+    scores, _, _ = long_tailed_scores(4)
+    fast = AdaptiveSelfLabeler(20, prior=prior, gamma=2.0, **extra)
+    slow = AdaptiveSelfLabeler(20, prior=prior, gamma=2.0, **extra)
+    slow.forward_mode = False
+    for _ in range(6):
+        q_fast, q_slow = fast(scores, last=50), slow(scores, last=50)
+        assert fast.imbalance_factor == pytest.approx(slow.imbalance_factor, rel=2e-4)
+        torch.testing.assert_close(q_fast, q_slow, rtol=1e-3, atol=1e-5)
+    assert abs(fast.imbalance_factor - 2.0) > 1e-3 or prior == "bounded"
+    momentum = fast.get_extra_state()["optimizer"]["state"][0]["momentum_buffer"]
+    torch.testing.assert_close(momentum, slow.get_extra_state()["optimizer"]["state"][0]["momentum_buffer"],
+                               rtol=1e-3, atol=1e-6)
