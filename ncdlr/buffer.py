@@ -12,14 +12,19 @@ class LogitBuffer:
     Each training step pushes the current batch's rows and solves the OT problem over the returned
     matrix (history + current rows, current rows last); the last ``B`` rows of the solution are the
     batch's pseudo-labels. The first push fills the empty buffer by repeating the first batch.
+
+    Rows live on ``device`` (default CPU): on a GPU worker the ``[J, K]`` history then never crosses the
+    PCIe bus (≈ 8 MB per step at J = 2048, K = 1000). ``state_dict()`` always holds CPU tensors, so
+    checkpoints load on any machine.
     """
 
-    def __init__(self, capacity: int, num_clusters: int) -> None:
+    def __init__(self, capacity: int, num_clusters: int, device: torch.device | str | None = None) -> None:
         if capacity < 1 or num_clusters < 1:
             raise ValueError(f"capacity and num_clusters must be >= 1, got {capacity}, {num_clusters}")
         self.capacity = capacity
         self.num_clusters = num_clusters
-        self._rows = torch.empty(0, num_clusters)
+        self.device = torch.device(device or "cpu")
+        self._rows = torch.empty(0, num_clusters, device=self.device)
 
     def __len__(self) -> int:
         return self._rows.shape[0]
@@ -36,7 +41,7 @@ class LogitBuffer:
         """
         if rows.ndim != 2 or rows.shape[1] != self.num_clusters:
             raise ValueError(f"expected rows [B, {self.num_clusters}], got {tuple(rows.shape)}")
-        rows = rows.detach().to(torch.float32, copy=True).cpu()
+        rows = rows.detach().to(device=self.device, dtype=torch.float32, copy=True)
         if len(self) == 0:
             repeats = -(-self.capacity // rows.shape[0])  # ceil
             history = rows.repeat(repeats, 1)
@@ -50,7 +55,7 @@ class LogitBuffer:
         return combined
 
     def state_dict(self) -> dict[str, Tensor | int]:
-        return {"rows": self._rows.clone(), "capacity": self.capacity, "num_clusters": self.num_clusters}
+        return {"rows": self._rows.cpu().clone(), "capacity": self.capacity, "num_clusters": self.num_clusters}
 
     def load_state_dict(self, state: dict) -> None:
         rows = state["rows"]
@@ -59,4 +64,4 @@ class LogitBuffer:
                 f"buffer state for K={state['num_clusters']}, {rows.shape[0]} rows does not fit "
                 f"this buffer (K={self.num_clusters}, capacity={self.capacity})"
             )
-        self._rows = rows.to(torch.float32).clone()
+        self._rows = rows.to(device=self.device, dtype=torch.float32, copy=True)

@@ -96,11 +96,12 @@ class BufferClient:
     actor (rank 0 only, on a sender thread); ``flush()`` waits until the actor has applied the last push.
     """
 
-    def __init__(self, actor, capacity: int, num_clusters: int, rank: int):
+    def __init__(self, actor, capacity: int, num_clusters: int, rank: int, device: torch.device | str | None = None):
         self.actor = actor
         self.rank = rank
         self._shape = (capacity, num_clusters)
-        self.local = LogitBuffer(capacity, num_clusters)
+        self.device = device  # where the replica lives: the rank's training device (no host copies per step)
+        self.local = LogitBuffer(capacity, num_clusters, device)
         self._step = None  # last step in the replica; None before ``start``
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-push") if rank == 0 else None
         self._handoff: Future | None = None  # rank 0's last hand-off to the sender thread
@@ -112,7 +113,7 @@ class BufferClient:
         snap_step, state = ray.get(self.actor.snapshot.remote(step))
         if snap_step != step:
             raise RuntimeError(f"buffer actor is at step {snap_step}, rank {self.rank} expected {step}")
-        self.local = LogitBuffer(*self._shape)
+        self.local = LogitBuffer(*self._shape, self.device)
         if snap_step >= 0:
             self.local.load_state_dict(state)
         self._step = step
@@ -129,7 +130,7 @@ class BufferClient:
         if step != self._step + 1:
             raise RuntimeError(f"rank {self.rank}: buffer replica is at step {self._step}, got step {step}")
         self._step = step
-        return self.local.push(rows.detach().float().cpu())
+        return self.local.push(rows.detach().float())
 
     def commit(self, step: int, rows: torch.Tensor) -> None:
         """Rank 0 hands ``rows [n, Ku]`` of ``step`` to the sender thread (other ranks: nothing to do)."""

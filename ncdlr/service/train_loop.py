@@ -65,10 +65,10 @@ class Buffer(Protocol):
 
 
 class LocalBuffer:
-    """Single-process buffer: a plain :class:`~ncdlr.buffer.LogitBuffer` (no actor)."""
+    """Single-process buffer: a plain :class:`~ncdlr.buffer.LogitBuffer` (no actor) on ``device``."""
 
-    def __init__(self, capacity: int, num_clusters: int):
-        self.buffer = LogitBuffer(capacity, num_clusters)
+    def __init__(self, capacity: int, num_clusters: int, device: torch.device | str | None = None):
+        self.buffer = LogitBuffer(capacity, num_clusters, device)
 
     def history_plus(self, step: int, rows: torch.Tensor) -> torch.Tensor:
         return self.buffer.push(rows)
@@ -154,6 +154,12 @@ def build_worker_state(cfg: Config, model: NCDModel, steps_per_epoch: int, devic
     return WorkerState(model, labeler, optimizer, scheduler, device)
 
 
+def _settle(device: torch.device) -> None:
+    """Wait for queued GPU work, so that the phase timers below measure their own phase (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def pseudo_labels(novel_scores: torch.Tensor, valid: torch.Tensor, labeler: AdaptiveSelfLabeler,
                   buffer: Buffer | None, step: int, rank: int) -> tuple[torch.Tensor, dict[str, float]]:
     """Soft pseudo-labels for this rank's novel rows, solved on the global problem.
@@ -168,14 +174,16 @@ def pseudo_labels(novel_scores: torch.Tensor, valid: torch.Tensor, labeler: Adap
         ``{"exchange": s, "ot": s}``.
     """
     views, b, ku = novel_scores.shape
+    _settle(novel_scores.device)  # the forward pass is compute, not exchange: let it finish before timing
     t0 = time.perf_counter()
     packed = torch.cat([novel_scores.float(), valid.float()[None, :, None].expand(views, b, 1)], dim=2)
     gathered = all_gather_rows(packed)  # [W, 2, B, Ku+1]
     world = gathered.shape[0]
     rows = gathered.transpose(0, 1).reshape(views * world * b, ku + 1)  # [view1 of all ranks; view2 ...]
     keep = rows[:, ku] > 0.5
-    new_rows = rows[keep, :ku].cpu()
+    new_rows = rows[keep, :ku]  # stays on the device, like the buffer replica
     problem = buffer.history_plus(step, new_rows) if buffer is not None else new_rows
+    _settle(novel_scores.device)
     t1 = time.perf_counter()
     labels = labeler(problem.to(novel_scores.device), last=new_rows.shape[0])
     t2 = time.perf_counter()

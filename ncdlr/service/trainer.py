@@ -198,7 +198,7 @@ def train_worker(config: dict) -> None:
             ray.get(actor.restore.remote(state.step - 1, buffer_state))
         if world > 1:
             dist.barrier()
-        client = BufferClient(actor, cfg.labeler.buffer_size, num_novel, rank)
+        client = BufferClient(actor, cfg.labeler.buffer_size, num_novel, rank, device)
         client.start(state.step - 1)
 
     writer = None

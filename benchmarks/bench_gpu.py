@@ -1,0 +1,252 @@
+"""GPU numbers (issue 4): the ViT-B/16 training step's images/s and its share of bf16 peak, and the OT step.
+
+Usage (on a GPU machine; needs torch, timm, pyyaml, no Ray)::
+
+    python benchmarks/bench_gpu.py --out DIR          # ≈ 1–2 min on an H100/H200
+    python benchmarks/bench_gpu.py --smoke            # tiny sizes on CPU: checks the script runs
+
+What runs, all in one process on one GPU, bf16 autocast (``optim.amp``):
+
+1. **bf16 peak, measured**: an 8192³ bf16 matrix product (3 warm-ups, 10 timed with CUDA events) — the
+   ceiling the step is compared against, beside the datasheet's dense-bf16 989 TFLOP/s (H100/H200 SXM).
+2. **Training step** (:func:`ncdlr.service.train_loop.train_step`, the exact step the Ray Train workers run)
+   at the paper's iNat18-2K size: ``vit_base_patch16_224``, last block trained (``trainable_blocks=1``),
+   frozen random expansion head 768 → 2000, ETF prototypes, K = 1000 known + 1000 novel, B = 128 known +
+   128 novel images per step (two views each: 512 crops of 224 px), buffer J = 2048 on the GPU, labeler
+   L = 10, T = 3. Inputs are in-memory GPU tensors (no data loading: that is ``bench_data.py``'s job), so
+   this is the compute ceiling of one worker. FLOPs per step are counted by
+   ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, attention, convolutions) over one step; the
+   fraction of peak is counted FLOPs / step time / peak. Phase shares come from the loop's own timers
+   (``ot_s`` = labeler call, ``exchange_s`` = gathering rows + buffer push), with the device synchronised
+   at each phase boundary. The same step with the whole encoder trained (``trainable_blocks=-1``,
+   B = 64 + 64) is shown for contrast.
+3. **Embedding throughput**: ``ncdlr embed``'s forward pass (no grad, bf16), 512 images per batch.
+4. **OT step alone**: the labeler at N = 2048 + 128 rows, Ku = 1000 (``bench_ot.py``'s problem) on the
+   GPU, forward-mode derivative vs the autograd path.
+
+Writes ``gpu.json`` and ``gpu.md`` to ``--out`` and prints the Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ncdlr.models import build_model  # noqa: E402
+from ncdlr.ot import AdaptiveSelfLabeler  # noqa: E402
+from ncdlr.service.config import Config  # noqa: E402
+from ncdlr.service.train_loop import LocalBuffer, PairedBatch, build_worker_state, train_step  # noqa: E402
+
+DATASHEET_BF16_TFLOPS = 989.0  # H100/H200 SXM, dense bf16 (vendor datasheet)
+
+
+@dataclass
+class Sizes:
+    encoder: str
+    image: int
+    known: int
+    novel: int
+    batch: int  # per half
+    batch_full: int  # per half, whole encoder trained
+    buffer: int
+    embed_batch: int
+    matmul: int
+    warmup: int
+    steps: int
+
+
+FULL = Sizes("vit_base_patch16_224", 224, 1000, 1000, 128, 64, 2048, 512, 8192, 5, 20)
+SMOKE = Sizes("tiny_cnn", 32, 10, 10, 8, 8, 64, 16, 256, 1, 3)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, warmup: int, reps: int) -> list[float]:
+    """Seconds per call of ``fn`` (device synchronised around each call)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def matmul_peak(n: int, device: torch.device) -> float:
+    """Measured bf16 TFLOP/s of an ``n³`` matrix product (mean of 10 after 3 warm-ups)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync(device)
+    return 2 * n**3 * 10 / (time.perf_counter() - start) / 1e12
+
+
+def step_config(sizes: Sizes, batch: int, trainable_blocks: int) -> Config:
+    cfg = Config()
+    cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = sizes.encoder, trainable_blocks, "auto"
+    cfg.data.batch_size, cfg.data.image_size = batch, sizes.image
+    cfg.labeler.buffer_size = sizes.buffer
+    cfg.optim.epochs, cfg.optim.warmup_epochs, cfg.optim.amp = 1, 0.1, True
+    return cfg
+
+
+def train_step_numbers(sizes: Sizes, device: torch.device, batch: int, trainable_blocks: int) -> dict:
+    """Steps/s, images/s, phase shares and counted FLOPs of the real training step."""
+    import warnings
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = step_config(sizes, batch, trainable_blocks)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no pre-trained weights": random weights time the same
+        model = build_model(cfg.model, sizes.known, sizes.novel, image_size=sizes.image)
+    state = build_worker_state(cfg, model, 1000, device)
+    buffer = LocalBuffer(sizes.buffer, sizes.novel, device)
+    views = torch.randn(4, batch, 3, sizes.image, sizes.image, device=device)
+    batch_obj = PairedBatch(views[0], views[1], torch.randint(0, sizes.known, (batch,), device=device),
+                            torch.ones(batch, dtype=torch.bool, device=device), views[2], views[3],
+                            torch.ones(batch, dtype=torch.bool, device=device))
+    for _ in range(sizes.warmup):
+        train_step(state, batch_obj, cfg, buffer)
+    stats = []
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(sizes.steps):
+        stats.append(train_step(state, batch_obj, cfg, buffer))
+    sync(device)
+    elapsed = time.perf_counter() - start
+    with FlopCounterMode(display=False) as counter:
+        train_step(state, batch_obj, cfg, buffer)
+    flops = counter.get_total_flops()
+    step_s = elapsed / sizes.steps
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    return {
+        "encoder": sizes.encoder, "trainable_blocks": trainable_blocks, "batch_per_half": batch,
+        "crops_per_step": 4 * batch, "step_ms": step_s * 1e3, "steps_per_s": 1 / step_s,
+        "images_per_s": 2 * batch / step_s, "crops_per_s": 4 * batch / step_s,
+        "tflop_per_step": flops / 1e12, "achieved_tflops": flops / step_s / 1e12,
+        "ot_share": statistics.fmean(s["ot_s"] for s in stats) / step_s,
+        "exchange_share": statistics.fmean(s["exchange_s"] for s in stats) / step_s,
+        "ot_ms": statistics.fmean(s["ot_s"] for s in stats) * 1e3,
+        "tau_after": stats[-1]["tau"], "trainable_params_M": trainable / 1e6, "peak_memory_gib": memory,
+    }
+
+
+def embed_numbers(sizes: Sizes, device: torch.device) -> dict:
+    """Forward-only images/s of the frozen encoder + head (``ncdlr embed``), bf16 autocast."""
+    import warnings
+
+    cfg = step_config(sizes, sizes.embed_batch, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_model(cfg.model, sizes.known, sizes.novel, image_size=sizes.image).to(device).eval()
+    x = torch.randn(sizes.embed_batch, 3, sizes.image, sizes.image, device=device)
+
+    @torch.no_grad()
+    def forward():
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            model(x)
+
+    seconds = statistics.median(timed(forward, device, sizes.warmup, sizes.steps))
+    return {"batch": sizes.embed_batch, "ms_per_batch": seconds * 1e3, "images_per_s": sizes.embed_batch / seconds}
+
+
+def ot_numbers(device: torch.device, smoke: bool) -> dict:
+    n, k = (2048 + 128, 1000) if not smoke else (256, 50)
+    g = torch.Generator().manual_seed(0)
+    scores = (torch.rand(n, k, generator=g) * 2 - 1).to(device)
+    fast = AdaptiveSelfLabeler(k).to(device)
+    slow = AdaptiveSelfLabeler(k).to(device)
+    slow.forward_mode = False
+    out = {"rows": n, "clusters": k}
+    for name, lab in (("forward_mode_ms", fast), ("autograd_ms", slow)):
+        out[name] = statistics.median(timed(lambda: lab(scores, last=128), device, 3, 20)) * 1e3
+    return out
+
+
+def markdown(result: dict) -> str:
+    env = result["env"]
+    lines = [f"device: {env['device']}, torch {env['torch']}, timm {env['timm']}, Python {env['python']}",
+             f"bf16 matmul {result['peak']['n']}³ measured: {result['peak']['tflops']:.0f} TFLOP/s "
+             f"(datasheet dense bf16 {DATASHEET_BF16_TFLOPS:.0f})", "",
+             "| training step | crops/step | step ms | images/s | crops/s | TFLOP/step | TFLOP/s | of measured peak "
+             "| of datasheet | OT share | exchange share | peak mem GiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in result["steps"]:
+        label = f"{row['encoder']}, trainable_blocks={row['trainable_blocks']}, B={row['batch_per_half']}+{row['batch_per_half']}"
+        lines.append(
+            f"| {label} | {row['crops_per_step']} | {row['step_ms']:.1f} | {row['images_per_s']:.0f} | "
+            f"{row['crops_per_s']:.0f} | {row['tflop_per_step']:.2f} | {row['achieved_tflops']:.0f} | "
+            f"{row['achieved_tflops'] / result['peak']['tflops']:.1%} | "
+            f"{row['achieved_tflops'] / DATASHEET_BF16_TFLOPS:.1%} | {row['ot_share']:.1%} | "
+            f"{row['exchange_share']:.1%} | {row['peak_memory_gib']:.1f} |")
+    e, o = result["embed"], result["ot"]
+    lines += ["", f"embedding (forward only, bf16, batch {e['batch']}): {e['images_per_s']:.0f} images/s "
+              f"({e['ms_per_batch']:.1f} ms per batch)",
+              f"OT step alone (N={o['rows']}, Ku={o['clusters']}, L=10, T=3): forward-mode {o['forward_mode_ms']:.2f} ms, "
+              f"autograd {o['autograd_ms']:.2f} ms (autograd/forward-mode {o['autograd_ms'] / o['forward_mode_ms']:.2f}x)"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="", help="directory for gpu.json and gpu.md (default: print only)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, runs on CPU: checks the script, no numbers")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.smoke:
+        parser.error("no CUDA device: run on a GPU machine, or pass --smoke")
+    sizes = SMOKE if args.smoke else FULL
+    torch.backends.cuda.matmul.allow_tf32 = True
+    import timm
+
+    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+           "torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version()}
+    print(f"[bench_gpu] {env}", flush=True)
+    result = {"env": env, "peak": {"n": sizes.matmul, "tflops": matmul_peak(sizes.matmul, device)}}
+    print(f"[bench_gpu] peak {result['peak']}", flush=True)
+    result["steps"] = []
+    for batch, blocks in ((sizes.batch, 1), (sizes.batch_full, -1)):
+        result["steps"].append(train_step_numbers(sizes, device, batch, blocks))
+        print(f"[bench_gpu] step {result['steps'][-1]}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+    result["embed"] = embed_numbers(sizes, device)
+    print(f"[bench_gpu] embed {result['embed']}", flush=True)
+    result["ot"] = ot_numbers(device, args.smoke)
+    text = markdown(result)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        Path(args.out, "gpu.json").write_text(json.dumps(result, indent=2))
+        Path(args.out, "gpu.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""GPU checks: the labeler, the buffer and the training step on CUDA agree with their CPU versions.
+
+These tests need a CUDA device and are skipped without one (CI has no GPU). They ran on a lent GPU machine
+(see docs/benchmarks.md, "GPU"); run them there with ``python -m pytest tests/test_gpu.py --noconftest -q``
+(``--noconftest``: the GPU image has no Ray, and nothing here needs it).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from ncdlr.buffer import LogitBuffer
+from ncdlr.models import build_model
+from ncdlr.ot import AdaptiveSelfLabeler
+from ncdlr.service.config import Config
+from ncdlr.service.train_loop import LocalBuffer, PairedBatch, build_worker_state, pseudo_labels, train_step
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = torch.device("cuda")
+
+
+def scores(n: int = 600, k: int = 40, seed: int = 0) -> torch.Tensor:
+    """Cosine-like ``[n, k]`` scores with long-tailed cluster sizes (cluster c holds ∝ 0.9^c of the rows)."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.tensor([0.9**c for c in range(k)])
+    labels = torch.multinomial(sizes / sizes.sum(), n, replacement=True, generator=g)
+    s = 0.2 * torch.randn(n, k, generator=g)
+    s[torch.arange(n), labels] += 0.8
+    return s.clamp(-1, 1)
+
+
+@pytest.mark.parametrize("prior", ["adaptive", "uniform", "free"])
+def test_labeler_on_cuda_matches_cpu(prior):
+    cpu = AdaptiveSelfLabeler(40, prior=prior, gamma=5.0)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    s = scores()
+    for _ in range(5):
+        q_cpu, q_gpu = cpu(s, last=100), gpu(s.to(CUDA), last=100)
+    assert q_gpu.device.type == "cuda"
+    torch.testing.assert_close(q_gpu.cpu(), q_cpu, rtol=1e-3, atol=1e-4)
+    assert gpu.imbalance_factor == pytest.approx(cpu.imbalance_factor, rel=1e-4)
+
+
+def test_buffer_lives_on_the_device_and_checkpoints_on_the_host():
+    buffer = LogitBuffer(8, 3, device=CUDA)
+    out = buffer.push(torch.arange(9.0).view(3, 3).to(CUDA))
+    assert out.device.type == "cuda" and out.shape == (8, 3)
+    state = buffer.state_dict()
+    assert state["rows"].device.type == "cpu"
+    restored = LogitBuffer(8, 3, device=CUDA)
+    restored.load_state_dict(state)
+    assert restored.rows.device.type == "cuda"
+    torch.testing.assert_close(restored.rows.cpu(), buffer.rows.cpu())
+
+
+def tiny_config() -> Config:
+    cfg = Config()
+    cfg.model.encoder, cfg.model.head, cfg.model.trainable_blocks = "tiny_cnn", "mlp", -1
+    cfg.data.batch_size, cfg.data.image_size = 8, 32
+    cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 32
+    cfg.optim.epochs, cfg.optim.warmup_epochs = 1, 0.1
+    return cfg
+
+
+def test_train_step_on_cuda_with_amp():
+    """Three bf16-autocast steps of the real loop on the GPU: finite losses, the buffer fills on the device."""
+    cfg = tiny_config()
+    torch.manual_seed(0)
+    state = build_worker_state(cfg, build_model(cfg.model, 5, 6, image_size=32), 10, CUDA)
+    buffer = LocalBuffer(cfg.labeler.buffer_size, 6, CUDA)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        views = [torch.randn(8, 3, 32, 32, generator=g) for _ in range(4)]
+        batch = PairedBatch(views[0], views[1], torch.randint(0, 5, (8,), generator=g), torch.ones(8, dtype=torch.bool),
+                            views[2], views[3], torch.ones(8, dtype=torch.bool))
+        stats = train_step(state, batch, cfg, buffer)
+        assert all(torch.isfinite(torch.tensor(stats[k])) for k in ("loss", "loss_s", "loss_u", "tau"))
+    assert buffer.buffer.rows.device.type == "cuda" and len(buffer.buffer) == cfg.labeler.buffer_size
+    assert state.step == 3
+
+
+def test_pseudo_labels_on_cuda_match_cpu():
+    """The GPU path (rows and buffer on the device, invalid rows dropped) gives the CPU path's soft labels."""
+    s = scores(n=2 * 16, k=6, seed=3).view(2, 16, 6)
+    valid = torch.ones(16, dtype=torch.bool)
+    valid[[2, 9]] = False
+    labeler = AdaptiveSelfLabeler(6, gamma=2.0)
+    out = {}
+    for device in ("cpu", "cuda"):
+        lab = copy.deepcopy(labeler).to(device)
+        buffer = LocalBuffer(64, 6, device)
+        for step in range(3):
+            q, _ = pseudo_labels((s + 0.01 * step).to(device), valid.to(device), lab, buffer, step, rank=0)
+        out[device] = q.cpu()
+    torch.testing.assert_close(out["cuda"], out["cpu"], rtol=1e-3, atol=1e-4)
+    assert (out["cuda"][:, ~valid] == 0).all()
