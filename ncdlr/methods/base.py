@@ -94,7 +94,7 @@ class NCDLR(Method):
 
         pu = model.class_prototypes()[:, model.num_known:]
         scores = torch.stack([z1 @ pu, z2 @ pu]).detach()
-        return pseudo_labels(scores, valid.cpu(), state.labeler, buffer, state.step, rank)
+        return pseudo_labels(scores, valid, state.labeler, buffer, state.step, rank)
 
     def novel_loss(self, model, z1, z2, targets, valid):
         prototypes = model.class_prototypes()

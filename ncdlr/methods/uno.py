@@ -40,7 +40,7 @@ class UNO(Method):
         balanced = AdaptiveSelfLabeler(model.num_novel, prior="uniform", eps=self.eps, n_iters=self.n_iters)
         out, times = [], {"exchange": 0.0, "ot": 0.0}
         for z in (z1, z2):
-            q, t = pseudo_labels((z @ pu).detach()[None], valid.cpu(), balanced, None, state.step, rank)
+            q, t = pseudo_labels((z @ pu).detach()[None], valid, balanced, None, state.step, rank)
             out.append(q[0])
             times = {k: times[k] + t[k] for k in times}
         return torch.stack(out), times

@@ -176,7 +176,8 @@ def pseudo_labels(novel_scores: torch.Tensor, valid: torch.Tensor, labeler: Adap
     views, b, ku = novel_scores.shape
     _settle(novel_scores.device)  # the forward pass is compute, not exchange: let it finish before timing
     t0 = time.perf_counter()
-    packed = torch.cat([novel_scores.float(), valid.float()[None, :, None].expand(views, b, 1)], dim=2)
+    mask = valid.to(novel_scores.device).float()[None, :, None].expand(views, b, 1)
+    packed = torch.cat([novel_scores.float(), mask], dim=2)
     gathered = all_gather_rows(packed)  # [W, 2, B, Ku+1]
     world = gathered.shape[0]
     rows = gathered.transpose(0, 1).reshape(views * world * b, ku + 1)  # [view1 of all ranks; view2 ...]
