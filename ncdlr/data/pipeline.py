@@ -53,7 +53,7 @@ from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import GROUPS, SPLITS
 from ncdlr.data.shards import SCHEMA, check_shard
 from ncdlr.data.storage import join, resolve, with_retries
-from ncdlr.data.transforms import EvalView, TrainViews, split_valid
+from ncdlr.data.transforms import VIEW_DTYPES, EvalView, TrainViews, normalise_views, split_valid
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +81,24 @@ class PipelineConfig:
     object_store_limit_bytes: int | None = 512 * 1024**2  # Ray Data blocks in flight per dataset; None = Ray's default
     verify: str = "size"  # shard check on load: "none" | "size" (size + row count) | "checksum" (SHA-256)
     augment_seed: int | None = None  # None: fresh entropy per batch; int: reproducible views (tests)
+    # Training views cross the object store as "uint8" (normalised by the consumer, ``to_torch``: 4x fewer
+    # bytes) or "float32" (normalised in the decode task). What the training loop receives is the same.
+    transfer_dtype: str = "uint8"
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"PipelineConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+        if self.transfer_dtype not in VIEW_DTYPES:
+            raise ValueError(f"PipelineConfig.transfer_dtype must be one of {VIEW_DTYPES}, got {self.transfer_dtype!r}")
         if self.batch_size < 1 or self.decode_batch_size < 1 or self.image_size < 8:
             raise ValueError("PipelineConfig: batch_size, decode_batch_size >= 1 and image_size >= 8 required")
         self.train_views()  # validates scaling and crop_scale
         self.eval_view()
 
-    def train_views(self) -> TrainViews:
+    def train_views(self, dtype: str = "float32") -> TrainViews:
+        """The training transform; ``dtype="float32"`` gives normalised views (what a model consumes)."""
         return TrainViews(size=self.image_size, crop_scale=tuple(self.crop_scale), hflip_prob=self.hflip_prob,
-                          scaling=self.scaling, seed=self.augment_seed)
+                          scaling=self.scaling, seed=self.augment_seed, dtype=dtype)
 
     def eval_view(self) -> EvalView:
         return EvalView(size=self.image_size, resize=self.eval_resize, scaling=self.scaling)
@@ -226,9 +232,14 @@ def limit_memory(dataset: Any, cfg: PipelineConfig) -> None:
 
 
 def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
-    """Rows → ``view1``, ``view2`` (float32 ``[3,H,W]``), ``label``, ``split``, ``class_name``, ``source_id``,
-    ``valid`` (False for an undecodable image, whose views are zeros)."""
-    return _decode(dataset, cfg.train_views(), cfg)
+    """Rows → ``view1``, ``view2``, ``label``, ``split``, ``class_name``, ``source_id``, ``valid`` (False for an
+    undecodable image, whose views are zeros).
+
+    With ``cfg.transfer_dtype == "uint8"`` (default) the views are uint8 ``[3,H,W]`` crops plus a ``scaling``
+    column, and ``to_torch`` / ``ToTorch`` / ``PairedBatches`` normalise them on the consumer into float32
+    ``[3,H,W]`` (``ncdlr.data.transforms.normalise_views`` for numpy consumers); with ``"float32"`` the decode
+    tasks ship normalised float32 views."""
+    return _decode(dataset, cfg.train_views(cfg.transfer_dtype), cfg)
 
 
 def with_eval_view(dataset: Any, cfg: PipelineConfig) -> Any:
@@ -328,11 +339,14 @@ def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "tes
 
 
 def to_torch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """numpy batch → numeric columns as torch tensors (zero-copy where writable), string columns as lists."""
+    """numpy batch → numeric columns as torch tensors (zero-copy where writable), string columns as lists.
+
+    uint8 views (``scaling`` column present, see ``with_train_views``) are normalised here into new float32
+    ``[b,3,H,W]`` tensors (``normalise_views``); the ``scaling`` column is dropped."""
     import torch
 
     out: dict[str, Any] = {}
-    for key, value in batch.items():
+    for key, value in normalise_views(batch).items():
         value = np.asarray(value)
         if key == "label":
             out[key] = torch.from_numpy(value.astype(np.int64))  # class indices as torch losses expect them

@@ -11,6 +11,12 @@ the consumer can count it and log its ``source_id`` (``split_valid``); nothing i
 
 Normalisation (``scaling``): ``"imagenet"`` → ``(x/255 − mean)/std`` with the ImageNet mean/std (timm and
 torchvision encoders); ``"lite"`` → ``(x − 127)/128`` on the 0–255 value (efficientnet_lite0's training input).
+
+Output format (``dtype``): ``"float32"`` (default) gives normalised float32 ``[N, 3, S, S]`` views. ``"uint8"``
+gives the same crops as raw uint8 ``[N, 3, S, S]`` plus a ``scaling`` column (the name, one per row), 4× fewer
+bytes; ``normalise_views`` turns such a batch into exactly the float32 batch ``"float32"`` would have given.
+The Ray pipeline ships uint8 through the object store and normalises on the consumer
+(``ncdlr.data.pipeline.to_torch``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SCALINGS = ("imagenet", "lite")
+VIEW_DTYPES = ("float32", "uint8")
+VIEW_COLUMNS = ("view1", "view2", "image")  # the pixel columns the transforms write
 CROP_RATIO = (3 / 4, 4 / 3)
 
 Batch = dict[str, Any]
@@ -65,11 +73,64 @@ def _scale_and_shift(scaling: str) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
 
 
+def to_chw(pixels: np.ndarray) -> np.ndarray:
+    """uint8 ``[N, H, W, 3]`` → contiguous uint8 ``[N, 3, H, W]``."""
+    return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))
+
+
+def normalise_chw(chw: np.ndarray, scaling: str) -> np.ndarray:
+    """uint8 ``[N, 3, H, W]`` (may be read-only) → a new float32 ``[N, 3, H, W]``: ``x · scale + shift`` per channel.
+
+    Two passes over the output and no float temporaries; the same float32 operations, hence the same bits,
+    as ``x.astype(float32) * scale + shift``."""
+    scale, shift = _scale_and_shift(scaling)
+    out = np.multiply(chw, scale, dtype=np.float32)
+    out += shift
+    return out
+
+
 def normalise(pixels: np.ndarray, scaling: str) -> np.ndarray:
     """uint8 ``[N, H, W, 3]`` → float32 ``[N, 3, H, W]`` with the chosen normalisation."""
-    scale, shift = _scale_and_shift(scaling)
-    chw = pixels.transpose(0, 3, 1, 2).astype(np.float32)
-    return chw * scale + shift
+    return normalise_chw(to_chw(pixels), scaling)
+
+
+def _finish(out: Batch, name: str, pixels: np.ndarray, valid: np.ndarray, scaling: str, dtype: str) -> None:
+    """Put the ``[N, H, W, 3]`` uint8 ``pixels`` into ``out[name]`` in the requested format (zeros where invalid)."""
+    if dtype == "uint8":
+        out[name] = to_chw(pixels)  # invalid rows were never written: already zero
+        out["scaling"] = np.full(len(pixels), scaling, dtype=object)
+    else:
+        out[name] = normalise(pixels, scaling)
+        out[name][~valid] = 0.0
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in VIEW_DTYPES:
+        raise ValueError(f"dtype must be one of {VIEW_DTYPES}, got {dtype!r}")
+
+
+def normalise_views(batch: Batch) -> Batch:
+    """A batch from a ``dtype="uint8"`` transform → the batch the ``"float32"`` transform gives for the same
+    crops: every uint8 pixel column (``view1``, ``view2``, ``image``) becomes normalised float32 ``[N, 3, H, W]``
+    by the batch's ``scaling`` column, rows with ``valid == False`` become zeros, and ``scaling`` is dropped.
+    A batch without a ``scaling`` column is returned unchanged. Raises ``ValueError`` for mixed scalings."""
+    if "scaling" not in batch:
+        return batch
+    out = dict(batch)
+    names = {str(s) for s in out.pop("scaling")}
+    if len(names) > 1:
+        raise ValueError(f"one batch mixes normalisations {sorted(names)}: build every stream with one scaling")
+    if not names:  # an empty batch
+        return out
+    scaling = names.pop()
+    valid = np.asarray(out["valid"], dtype=bool) if "valid" in out else None
+    for key in VIEW_COLUMNS:
+        value = out.get(key)
+        if value is not None and np.asarray(value).dtype == np.uint8:
+            out[key] = normalise_chw(np.asarray(value), scaling)
+            if valid is not None and not valid.all():
+                out[key][~valid] = 0.0
+    return out
 
 
 def random_resized_crop_box(width: int, height: int, scale: tuple[float, float], rng: np.random.Generator,
@@ -102,7 +163,8 @@ def random_resized_crop_box(width: int, height: int, scale: tuple[float, float],
 
 @dataclass(frozen=True)
 class TrainViews:
-    """Two augmented views per image: ``view1``, ``view2`` float32 ``[N, 3, size, size]``.
+    """Two augmented views per image: ``view1``, ``view2`` float32 ``[N, 3, size, size]`` (``dtype="uint8"``:
+    uint8, not normalised, plus a ``scaling`` column; see the module docstring).
 
     ``seed=None`` draws fresh OS entropy for every batch (the default for training); an int makes the
     views of a given batch reproducible (tests).
@@ -113,9 +175,11 @@ class TrainViews:
     hflip_prob: float = 0.5
     scaling: str = "imagenet"
     seed: int | None = None
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         _scale_and_shift(self.scaling)
+        _check_dtype(self.dtype)
         if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
 
@@ -128,7 +192,7 @@ class TrainViews:
 
     def __call__(self, batch: Batch) -> Batch:
         """``batch["image"]``: N encoded images → the batch without ``image``, plus ``view1``, ``view2``,
-        ``valid`` (bool ``[N]``)."""
+        ``valid`` (bool ``[N]``) and, for ``dtype="uint8"``, ``scaling``."""
         rng = np.random.default_rng(self.seed)
         images = batch["image"]
         n = len(images)
@@ -144,8 +208,7 @@ class TrainViews:
             pixels[1, i] = self._view(image, rng)
         out = {key: value for key, value in batch.items() if key != "image"}
         for name, view in (("view1", pixels[0]), ("view2", pixels[1])):
-            out[name] = normalise(view, self.scaling)
-            out[name][~valid] = 0.0
+            _finish(out, name, view, valid, self.scaling, self.dtype)
         out["valid"] = valid
         return out
 
@@ -153,14 +216,17 @@ class TrainViews:
 @dataclass(frozen=True)
 class EvalView:
     """One deterministic view per image: short side resized to ``resize`` (default ``size·256/224``), centre
-    crop ``size``; ``image`` float32 ``[N, 3, size, size]``."""
+    crop ``size``; ``image`` float32 ``[N, 3, size, size]`` (``dtype="uint8"``: uint8 + ``scaling``, as for
+    ``TrainViews``)."""
 
     size: int = 224
     resize: int | None = None
     scaling: str = "imagenet"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         _scale_and_shift(self.scaling)
+        _check_dtype(self.dtype)
 
     @property
     def resize_to(self) -> int:
@@ -175,8 +241,8 @@ class EvalView:
         return np.asarray(resized.crop((left, top, left + self.size, top + self.size)))
 
     def __call__(self, batch: Batch) -> Batch:
-        """``batch["image"]``: N encoded images → the batch with ``image`` replaced by the float32 view,
-        plus ``valid`` (bool ``[N]``)."""
+        """``batch["image"]``: N encoded images → the batch with ``image`` replaced by the view, plus ``valid``
+        (bool ``[N]``) and, for ``dtype="uint8"``, ``scaling``."""
         images = batch["image"]
         n = len(images)
         pixels = np.zeros((n, self.size, self.size, 3), np.uint8)
@@ -188,8 +254,7 @@ class EvalView:
             valid[i] = True
             pixels[i] = self._view(image)
         out = {key: value for key, value in batch.items() if key != "image"}
-        out["image"] = normalise(pixels, self.scaling)
-        out["image"][~valid] = 0.0
+        _finish(out, "image", pixels, valid, self.scaling, self.dtype)
         out["valid"] = valid
         return out
 

@@ -18,6 +18,7 @@ from ncdlr.data.pipeline import (
     build_datasets,
     load_feature_table,
     load_splits,
+    to_torch,
     train_data_config,
 )
 from ncdlr.data.records import ImageRecord
@@ -28,6 +29,9 @@ from ncdlr.data.transforms import (
     IMAGENET_STD,
     EvalView,
     TrainViews,
+    _scale_and_shift,
+    normalise,
+    normalise_views,
     random_resized_crop_box,
     split_valid,
 )
@@ -104,6 +108,55 @@ def test_scalings_match_their_definitions() -> None:
     assert np.allclose(imagenet[0, :, 0, 0], expected, atol=1e-5)
 
 
+def test_normalise_gives_the_bits_of_the_plain_formula() -> None:
+    pixels = np.random.default_rng(0).integers(0, 256, (3, 9, 7, 3), dtype=np.uint8)
+    for scaling in ("imagenet", "lite"):
+        scale, shift = _scale_and_shift(scaling)
+        expected = pixels.transpose(0, 3, 1, 2).astype(np.float32) * scale + shift
+        out = normalise(pixels, scaling)
+        assert out.dtype == np.float32 and out.flags.c_contiguous and np.array_equal(out, expected)
+
+
+@pytest.mark.parametrize("scaling", ["imagenet", "lite"])
+def test_uint8_views_normalised_later_equal_the_float32_views(scaling: str) -> None:
+    batch = _batch()
+    batch["image"][3] = b"not an image at all"
+    for make in (lambda dtype: TrainViews(size=SIZE, seed=5, scaling=scaling, dtype=dtype),
+                 lambda dtype: EvalView(size=SIZE, scaling=scaling, dtype=dtype)):
+        small, full = make("uint8")(batch), make("float32")(batch)
+        keys = [k for k in ("view1", "view2", "image") if k in full]
+        for key in keys:
+            assert small[key].dtype == np.uint8 and small[key].shape == (4, 3, SIZE, SIZE)
+        assert list(small["scaling"]) == [scaling] * 4 and "scaling" not in full
+        later = normalise_views(small)
+        assert "scaling" not in later and later["valid"].tolist() == [True, True, True, False]
+        for key in keys:
+            assert later[key].dtype == np.float32 and np.array_equal(later[key], full[key]), key
+            assert not later[key][3].any(), "an undecodable image's views are zeros after normalisation too"
+        as_torch = to_torch(small)
+        assert "scaling" not in as_torch
+        for key in keys:
+            assert as_torch[key].dtype == torch.float32 and torch.equal(as_torch[key], torch.from_numpy(full[key]))
+
+
+def test_normalise_views_refuses_mixed_scalings_and_passes_float_batches_through() -> None:
+    batch = TrainViews(size=SIZE, seed=0, dtype="uint8")(_batch())
+    batch["scaling"][1] = "lite"
+    with pytest.raises(ValueError, match=r"mixes normalisations \['imagenet', 'lite'\]"):
+        normalise_views(batch)
+    full = TrainViews(size=SIZE, seed=0)(_batch())
+    assert normalise_views(full) is full
+
+
+def test_view_dtype_is_checked() -> None:
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TrainViews(dtype="float16")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        EvalView(dtype="int8")
+    with pytest.raises(ValueError, match="transfer_dtype"):
+        PipelineConfig(transfer_dtype="float16")
+
+
 def test_random_resized_crop_box_stays_inside_the_image_with_area_in_scale() -> None:
     rng = np.random.default_rng(0)
     for width, height in [(64, 64), (300, 80), (50, 400)]:
@@ -175,7 +228,14 @@ def test_splits_stream_from_s3_with_views_and_labels(data_ray, s3_bucket: str) -
     assert all(r["image"].shape == (3, SIZE, SIZE) and r["valid"] for r in test_rows)
     novel = list(datasets["novel"].iter_rows())
     assert {r["label"] for r in novel} == {2, 3} and len(novel) == 14
-    assert all(r["view1"].dtype == np.float32 and r["view1"].shape == (3, SIZE, SIZE) for r in novel)
+    # Training views cross the object store as uint8 crops (transfer_dtype="uint8") ...
+    assert all(r["view1"].dtype == np.uint8 and r["view1"].shape == (3, SIZE, SIZE) for r in novel)
+    assert {r["scaling"] for r in novel} == {"imagenet"}
+    # ... and reach the consumer normalised (ToTorch / PairedBatches).
+    batch = next(iter(datasets["novel"].iter_batches(batch_size=4, batch_format="numpy")))
+    views = to_torch(batch)["view1"]
+    assert views.dtype == torch.float32 and views.shape == (4, 3, SIZE, SIZE)
+    assert views.min() < -1.0 and views.max() > 1.0, "normalised values, not 0-255 pixels"
 
 
 @pytest.mark.slow
@@ -193,6 +253,8 @@ def test_a_corrupt_jpeg_in_a_shard_is_skipped_and_counted(data_ray, tmp_path: Pa
     novel_ids = [i for s in steps for i in s["novel"]["source_id"]]
     assert len(novel_ids) == 15 and victim.source_id not in novel_ids
     assert all(s["known"]["view1"].shape == (4, 3, SIZE, SIZE) for s in steps)
+    assert all(s[side][v].dtype == torch.float32 for s in steps for side in ("known", "novel") for v in ("view1", "view2"))
+    assert all("scaling" not in s["novel"] and "valid" not in s["novel"] for s in steps)
     assert all(s["novel"]["label"].dtype == torch.int64 for s in steps)
 
 
@@ -242,6 +304,7 @@ def _train_worker(config: dict) -> None:
         seen["novel"] += step["novel"]["source_id"]
         seen["bad"] += step["bad_source_ids"]
         seen["shapes"].append(list(step["novel"]["view1"].shape))
+        seen.setdefault("dtypes", []).append(str(step["novel"]["view1"].dtype))
     batches.close()
     Path(config["out_dir"], f"rank{rank}.json").write_text(json.dumps(seen))
 
@@ -276,3 +339,4 @@ def test_two_train_workers_receive_disjoint_shards_covering_the_dataset(data_ray
         assert seen[0] | seen[1] == expected, f"{split}: the union must be the whole split"
     assert sorted(ranks[0]["bad"] + ranks[1]["bad"]) == [victim.source_id]
     assert all(shape[1:] == [3, SIZE, SIZE] for rank in ranks for shape in rank["shapes"])
+    assert {d for rank in ranks for d in rank["dtypes"]} == {"torch.float32"}
