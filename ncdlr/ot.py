@@ -387,17 +387,16 @@ class AdaptiveSelfLabeler(nn.Module):
         dtype, device = kernel.kernel.dtype, kernel.kernel.device
         s, ds_dt = self._log_tau(dtype)
         if k == 1:
-            ranked = torch.ones(1, dtype=dtype, device=device)
-            direction = torch.zeros(1, dtype=dtype, device=device)
             rho = torch.zeros(1, dtype=dtype, device=device)
+            ranked = torch.ones(1, dtype=dtype, device=device)
         else:
             rho = torch.arange(k, dtype=dtype, device=device) / (k - 1)
             ranked = torch.softmax(-rho * s, dim=0)
-            direction = ranked * ((ranked * rho).sum() - rho)
+        mean_rho = (ranked * rho).sum()  # ρ̄
+        direction = ranked * (mean_rho - rho)  # dw/ds in rank order
         w, dw = ranked[rank_of_cluster], direction[rank_of_cluster]
         v, dv = kernel.column_scaling_jvp(w, dw, self.n_iters)
         gain, dgain = kernel.transport_gain_jvp(v, dv)
-        mean_rho = (ranked * rho).sum()
         if self.prior == "anchored":
             anchor = self.anchor.to(dtype)
             divergence = kl_divergence(anchor, ranked)
