@@ -31,13 +31,19 @@ from ncdlr.ot import AdaptiveSelfLabeler, cluster_prior, kl_from_uniform, rank_b
 N, K, L, T, EPS, GAMMA, LR = 2048 + 128, 1000, 10, 3, 0.05, 500.0, 0.1
 
 
-def interleaved_seconds(steps: dict, rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each contender, measured round-robin so that load drifts hit all of them alike."""
+def interleaved_seconds(steps: dict, rounds: int, pause: float) -> dict[str, list[float]]:
+    """Seconds per call of each contender, measured round-robin so that load drifts hit all of them alike.
+
+    ``pause`` seconds of sleep precede every timed call: NumPy's OpenBLAS threads keep spinning on the cores
+    for a while after POT's last matrix product (and torch's OpenMP threads after ours), which would slow
+    whichever contender runs next on a 2-core machine.
+    """
     for step in steps.values():
         step()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
+            time.sleep(pause)
             start = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - start)
@@ -79,6 +85,9 @@ def pot_step(scores: np.ndarray, t: float) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7, help="interleaved rounds (each times every contender once; medians reported)")
+    parser.add_argument("--pause", type=float, default=0.3,
+                        help="seconds of sleep before each timed call, so that the previous contender's spinning "
+                             "BLAS/OpenMP threads have parked (0 = back to back)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)  # POT: "Sinkhorn did not converge" (T = 3 by design)
 
@@ -96,9 +105,10 @@ def main() -> None:
             "POT ot.sinkhorn + finite diff.": lambda: pot_step(scores.numpy(), 0.0),
         },
         args.repeats,
+        args.pause,
     )
     ours = times["ours (rescaled kernel, matvecs)"]
-    print(f"adaptive pseudo-labeling step: N={N} Ku={K} L={L} T={T} eps={EPS} float32, torch threads={torch.get_num_threads()}, {args.repeats} interleaved rounds")
+    print(f"adaptive pseudo-labeling step: N={N} Ku={K} L={L} T={T} eps={EPS} float32, torch threads={torch.get_num_threads()}, {args.repeats} interleaved rounds, {args.pause} s pause before each call")
     print(f"{'contender':<34}{'median ms':>12}{'ours is x faster (median of per-round ratios)':>48}")
     for name, seconds in times.items():
         ratio = statistics.median(s / o for s, o in zip(seconds, ours))
