@@ -1,12 +1,29 @@
 """Decoded + augmented images/s: Ray Data from the rclone S3 server vs. the same shards on local disk vs. a
 plain torch DataLoader over the JPEG files, at the same CPU count, in one run.
 
-All three do the same work per image: decode the JPEG and produce two RandomResizedCrop+flip views,
-normalised float32 [3, S, S] (``ncdlr.data.transforms.TrainViews``), delivered as torch tensors in
-batches. Each path makes ``--passes`` epochs over the data, interleaved round by round (so a change in a
-shared machine's load hits every path alike) and timed separately: pass 1 includes the start-up (Ray Data
-plans the read and starts its tasks on already running workers; the DataLoader forks its workers); later
-passes show the rate a multi-epoch training run sees. ``ray.init`` is not timed.
+Every path does the same work per image and delivers the same thing: decode the JPEG (PIL, with
+``Image.draft`` DCT scaling), draw two RandomResizedCrop (scale 0.5-1) + horizontal-flip views of S px,
+normalise them to float32 ``[3, S, S]`` (ImageNet mean/std), and hand the training loop torch batches of
+B rows (``view1``, ``view2`` float32 ``[B, 3, S, S]`` plus labels). Where the work runs differs:
+
+* **DataLoader, JPEG files**: ``--cpus`` worker processes each read a file and run
+  ``TrainViews(dtype="float32")`` (decode, crops, normalisation) on it; the main process collates.
+* **Ray Data** (``build_datasets``): read tasks cut the parquet shards into blocks of ~64 rows; decode tasks
+  (``map_batches``, 1 logical CPU each, ``--cpus`` logical CPUs in all) run ``TrainViews(dtype="uint8")``
+  (decode + crops) and put uint8 views in the object store; the consumer (``iter_torch_batches`` with
+  ``ToTorch``, in Ray's prefetch thread in this process) normalises them to float32. This is what a Ray
+  Train worker runs through ``PairedBatches``.
+* **Ray Data, float32 transfer**: the same, but the decode tasks normalise and ship float32 views
+  (``PipelineConfig(transfer_dtype="float32")``, 4x the object-store bytes): the previous design.
+
+Each path makes ``--passes`` epochs over the data, interleaved round by round (so a change in a shared
+machine's load hits every path alike) and timed separately: pass 1 includes each path's own start-up (Ray
+Data plans the read, opens the shards and starts its tasks; the DataLoader forks its workers); later
+passes show the rate a multi-epoch training run sees. Not timed: ``ray.init`` and a warm-up epoch of the
+real decode pipeline over a separate 64-image dataset, which starts Ray's worker processes and Ray Data's
+per-process machinery (a training job has them running already). Without it, whichever Ray path runs
+first after ``ray.init`` pays ~1.5 s more on pass 1 (measured: S3 first 1.84 s to the first batch, local
+0.35 s; local first 1.86 s, S3 0.47 s) — Ray starting its second worker process, not S3.
 
 The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
 DataLoader) and once as a prepared dataset (parquet shards + manifest) on local disk and on a local
@@ -23,6 +40,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +82,14 @@ def dataset_parts(files: list[tuple[Path, int]], root: Path, classes: int):
     return records, infos, DatasetInfo(name="bench", source="benchmarks/bench_data.py", seed=0)
 
 
+def _start_worker_body() -> int:
+    """Runs in a Ray worker: import what the decode tasks import, hold the CPU briefly, return the pid."""
+    import ncdlr.data.pipeline  # noqa: F401
+
+    time.sleep(0.5)
+    return os.getpid()
+
+
 def ray_pass(dataset, batch_size: int) -> tuple[int, float]:
     """One epoch through the Ray pipeline as a trainer sees it: torch batches from ``iter_torch_batches``."""
     from ncdlr.data.pipeline import ToTorch
@@ -75,7 +101,8 @@ def ray_pass(dataset, batch_size: int) -> tuple[int, float]:
 
 
 class JpegFiles:
-    """``torch.utils.data.Dataset`` over JPEG paths, same transform as the Ray pipeline (one row at a time)."""
+    """``torch.utils.data.Dataset`` over JPEG paths: decode, two crops and normalisation to float32 in the worker
+    (``TrainViews(dtype="float32")``, the same per-image work as the Ray pipeline), one image at a time."""
 
     def __init__(self, files: list[tuple[Path, int]], views) -> None:
         self.files = files
@@ -138,19 +165,28 @@ def main() -> int:
     with S3Server(work / "s3") as server:
         os.environ.update(server.env())
         bucket = server.make_bucket("bench")
-        local_uri, s3_uri = str(work / "prepared"), f"{bucket}/prepared"
+        local_uri, s3_uri, warm_uri = str(work / "prepared"), f"{bucket}/prepared", str(work / "warm-up")
         for uri in (local_uri, s3_uri):
             write_dataset(uri, records, classes, info, progress=False, overwrite=True)
+        write_dataset(warm_uri, *dataset_parts(files[:64], jpeg_root, args.classes), progress=False, overwrite=True)
         del records
-        ray.init(num_cpus=args.cpus, object_store_memory=1024**3, log_to_driver=False, include_dashboard=False)
-        # Start Ray's worker processes before timing (a training job has them running already).
-        ray.data.range(4 * args.cpus, override_num_blocks=2 * args.cpus).map_batches(lambda b: b).materialize()
+        # address="local": a Ray of our own even when another cluster runs on this machine.
+        ray.init(address="local", num_cpus=args.cpus, object_store_memory=1024**3, log_to_driver=False,
+                 include_dashboard=False)
+        _start_worker = ray.remote(num_cpus=1)(_start_worker_body)
         try:
-            datasets = {name: build_datasets(uri, cfg, train_splits=("known",), eval_splits=())["known"]
-                        for name, uri in (("Ray Data, rclone S3", s3_uri), ("Ray Data, local disk", local_uri))}
-            loader = torch.utils.data.DataLoader(JpegFiles(files, cfg.train_views()), batch_size=args.batch_size,
-                                                 shuffle=True, num_workers=args.cpus, prefetch_factor=2,
-                                                 persistent_workers=True)
+            # Untimed warm-up (see the docstring): --cpus concurrent tasks, so that Ray starts that many worker
+            # processes (Ray Data alone runs one task at a time for its first ~second and would start only
+            # one), then one pass of the real pipeline over the small warm-up dataset.
+            ray.get([_start_worker.remote() for _ in range(args.cpus)])
+            ray_pass(build_datasets(warm_uri, cfg, train_splits=("known",), eval_splits=())["known"], args.batch_size)
+            paths = (("Ray Data, rclone S3", s3_uri, cfg), ("Ray Data, local disk", local_uri, cfg),
+                     ("Ray Data, local disk, float32 transfer", local_uri, replace(cfg, transfer_dtype="float32")))
+            datasets = {name: build_datasets(uri, path_cfg, train_splits=("known",), eval_splits=())["known"]
+                        for name, uri, path_cfg in paths}
+            loader = torch.utils.data.DataLoader(JpegFiles(files, cfg.train_views("float32")),
+                                                 batch_size=args.batch_size, shuffle=True, num_workers=args.cpus,
+                                                 prefetch_factor=2, persistent_workers=True)
             runs = {**{name: (lambda ds=ds: ray_pass(ds, args.batch_size)) for name, ds in datasets.items()},
                     baseline: lambda: dataloader_pass(loader)}
             # Interleave the paths pass by pass (rotating who goes first) so that a change in the machine's

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -177,8 +179,13 @@ def _verify(uri: str, manifest: Manifest, splits: Sequence[str], mode: str, endp
             check_shard(fs, join(base, shard.path), shard, join(uri, shard.path), checksum=mode == "checksum")
 
 
+# Datasets made by ``load_splits`` → the most rows in one of their blocks (read blocks are cut that small).
+_ROWS_PER_READ_BLOCK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
-                shuffle_files: Iterable[str] | None = None, endpoint_url: str | None = None) -> dict[str, Any]:
+                shuffle_files: Iterable[str] | None = None, endpoint_url: str | None = None,
+                rows_per_block: int | None = PipelineConfig.rows_per_decode_task) -> dict[str, Any]:
     """One lazy ``ray.data.Dataset`` of raw rows (``image`` bytes, ``label``, ``split``, ``class_name``,
     ``source_id``) per requested split of the prepared dataset at ``uri``.
 
@@ -188,6 +195,10 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
     ``StorageError``/``DatasetFormatError`` naming the bad URI or file, and ``ValueError`` for a split the
     dataset does not have. Splits in ``shuffle_files`` (default: the training splits ``known`` and ``novel``)
     read their shards in a new random order every epoch.
+
+    ``rows_per_block``: each read task cuts its shard into blocks of about this many rows (Ray Data's read
+    output split, from the manifest's row counts), so the decode tasks that follow spread over every CPU
+    without a separate repartition step; None leaves Ray's default block size.
     """
     splits = list(split_names)
     if unknown := [s for s in splits if s not in SPLITS]:
@@ -205,14 +216,23 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
         source = ShardDatasource(fs, [join(base, s.path) for s in shards], rows=[s.rows for s in shards],
                                  sizes=[s.bytes for s in shards], columns=SCHEMA.names,
                                  shuffle=split in shuffled)
-        datasets[split] = ray.data.read_datasource(source)
+        if rows_per_block is None:
+            datasets[split] = ray.data.read_datasource(source)
+            continue
+        # One read task per shard (ShardDatasource), its output split into ceil(rows / rows_per_block) blocks
+        # in all; a shard smaller than that is one block (read and decode then fuse into one task).
+        blocks = max(len(shards), sum(math.ceil(s.rows / rows_per_block) for s in shards))
+        datasets[split] = ray.data.read_datasource(source, override_num_blocks=blocks)
+        _ROWS_PER_READ_BLOCK[datasets[split]] = rows_per_block
     return datasets
 
 
 def _decode(dataset: Any, transform: Any, cfg: PipelineConfig) -> Any:
-    # A shard is read as one large block, and a block is decoded by one task: cut the blocks first
-    # (streaming, nothing materialised) so that decoding runs on every CPU.
-    dataset = dataset.repartition(target_num_rows_per_block=cfg.rows_per_decode_task)
+    # A block is decoded by one task. Blocks straight from load_splits are already small enough; any other
+    # dataset (a shard read as one large block) is cut first (streaming, nothing materialised) so that
+    # decoding runs on every CPU. The extra repartition operator costs one small task per block.
+    if _ROWS_PER_READ_BLOCK.get(dataset, math.inf) > cfg.rows_per_decode_task:
+        dataset = dataset.repartition(target_num_rows_per_block=cfg.rows_per_decode_task)
     decoded = dataset.map_batches(transform, batch_size=cfg.decode_batch_size, batch_format="numpy",
                                   num_cpus=cfg.decode_num_cpus, zero_copy_batch=True)
     limit_memory(decoded, cfg)
@@ -253,7 +273,7 @@ def build_datasets(uri: str, cfg: PipelineConfig, *, train_splits: Sequence[str]
     (a split may be in both: its eval version is keyed ``"<split>_eval"``)."""
     wanted = list(dict.fromkeys([*train_splits, *eval_splits]))
     raw = load_splits(uri, wanted, verify=cfg.verify, shuffle_files=train_splits if cfg.shuffle else (),
-                      endpoint_url=endpoint_url)
+                      endpoint_url=endpoint_url, rows_per_block=cfg.rows_per_decode_task)
     out = {split: with_train_views(raw[split], cfg) for split in train_splits}
     for split in eval_splits:
         out[f"{split}_eval" if split in train_splits else split] = with_eval_view(raw[split], cfg)

@@ -20,6 +20,7 @@ from ncdlr.data.pipeline import (
     load_splits,
     to_torch,
     train_data_config,
+    with_train_views,
 )
 from ncdlr.data.records import ImageRecord
 from ncdlr.data.manifest import DatasetFormatError
@@ -256,6 +257,26 @@ def test_a_corrupt_jpeg_in_a_shard_is_skipped_and_counted(data_ray, tmp_path: Pa
     assert all(s[side][v].dtype == torch.float32 for s in steps for side in ("known", "novel") for v in ("view1", "view2"))
     assert all("scaling" not in s["novel"] and "valid" not in s["novel"] for s in steps)
     assert all(s["novel"]["label"].dtype == torch.int64 for s in steps)
+
+
+@pytest.mark.slow
+def test_read_tasks_cut_shards_into_small_blocks_so_decoding_needs_no_repartition(data_ray, tmp_path: Path) -> None:
+    write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)  # known: 18 rows in one shard
+    uri = str(tmp_path / "ds")
+
+    def block_rows(dataset) -> list[int]:
+        return [len(b["source_id"]) for b in dataset.iter_batches(batch_size=None, batch_format="numpy")]
+
+    small = block_rows(load_splits(uri, ["known"], rows_per_block=4)["known"])
+    assert sum(small) == 18 and len(small) == 5 and max(small) <= 4
+
+    cfg = PipelineConfig(image_size=SIZE, rows_per_decode_task=4, decode_batch_size=4)
+    decoded = build_datasets(uri, cfg, train_splits=("known",), eval_splits=())["known"]
+    assert sum(block_rows(decoded)) == 18 and "Repartition" not in decoded.stats()
+    # A dataset that did not come from load_splits with small blocks is cut by a repartition step instead.
+    other = with_train_views(load_splits(uri, ["known"], rows_per_block=None)["known"], cfg)
+    rows = block_rows(other)
+    assert sum(rows) == 18 and len(rows) >= 4 and "Repartition" in other.stats()
 
 
 @pytest.mark.slow
