@@ -18,10 +18,13 @@ Usage (driver, then inside each Ray Train worker)::
 Nothing is materialised: ``ShardDatasource`` streams the shards of the requested splits (each shard holds one
 split, see ``ncdlr.data.shards``), ``map_batches`` decodes on CPU tasks, and Ray Data's streaming executor
 keeps at most ``object_store_limit_bytes`` of blocks in flight (``limit_memory``, ``train_data_config``).
+Training views travel as uint8 crops (0.3 MB per 224 px image pair instead of 1.2 MB as float32) and are
+normalised on the consumer (``to_torch``); see docs/benchmarks.md, "Data pipeline", for the measurements.
 
 Shuffling without a global shuffle: rows are permuted within each shard when it is written, training
 splits read their shards in a new order every epoch (``cfg.shuffle``), and ``PairedBatches`` can mix rows
-further in a local buffer on the worker (``local_shuffle_buffer_size``, memory ≈ rows · 2 · 3·H·W · 4 B).
+further in a local buffer on the worker (``local_shuffle_buffer_size``, memory ≈ rows · 2 · 3·H·W B: the
+buffer holds the uint8 views, normalised only as batches leave it).
 
 Epoch convention: a step pairs B known rows with B novel rows. One epoch is one pass over the worker's
 share of the NOVEL stream (the unlabelled data the method is about); the known stream is cycled — restarted
