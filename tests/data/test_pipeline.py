@@ -254,7 +254,8 @@ def test_a_corrupt_jpeg_in_a_shard_is_skipped_and_counted(data_ray, tmp_path: Pa
     novel_ids = [i for s in steps for i in s["novel"]["source_id"]]
     assert len(novel_ids) == 15 and victim.source_id not in novel_ids
     assert all(s["known"]["view1"].shape == (4, 3, SIZE, SIZE) for s in steps)
-    assert all(s[side][v].dtype == torch.float32 for s in steps for side in ("known", "novel") for v in ("view1", "view2"))
+    assert all(s[side][view].dtype == torch.float32
+               for s in steps for side in ("known", "novel") for view in ("view1", "view2"))
     assert all("scaling" not in s["novel"] and "valid" not in s["novel"] for s in steps)
     assert all(s["novel"]["label"].dtype == torch.int64 for s in steps)
 
