@@ -79,8 +79,12 @@ class PipelineConfig:
     eval_resize: int | None = None  # eval short side; None → image_size·256/224
     batch_size: int = 64  # B known + B novel rows per step per worker
     decode_batch_size: int = 32  # rows per map_batches call
-    rows_per_decode_task: int = 64  # read blocks are cut to this many rows, so decoding spreads over CPUs
+    rows_per_decode_task: int = 128  # read blocks are cut to about this many rows: one decode task each
     decode_num_cpus: float = 1.0  # logical CPUs per decode task
+    # Threads per decode task (PIL decodes and resizes without the GIL). Ray Data 2.60 runs about one decode
+    # task at a time on a small node (docs/benchmarks.md, "Data pipeline"), so 2 threads keep 2 cores busy;
+    # lower it to 1 where many decode tasks run side by side.
+    decode_threads: int = 2
     prefetch_batches: int = 2  # batches each worker prefetches per stream
     shuffle: bool = True  # training splits: shard order shuffled every epoch (rows are shuffled within shards)
     object_store_limit_bytes: int | None = 512 * 1024**2  # Ray Data blocks in flight per dataset; None = Ray's default
@@ -103,7 +107,7 @@ class PipelineConfig:
     def train_views(self, dtype: str = "float32") -> TrainViews:
         """The training transform; ``dtype="float32"`` gives normalised views (what a model consumes)."""
         return TrainViews(size=self.image_size, crop_scale=tuple(self.crop_scale), hflip_prob=self.hflip_prob,
-                          scaling=self.scaling, seed=self.augment_seed, dtype=dtype)
+                          scaling=self.scaling, seed=self.augment_seed, dtype=dtype, threads=self.decode_threads)
 
     def eval_view(self) -> EvalView:
         return EvalView(size=self.image_size, resize=self.eval_resize, scaling=self.scaling)

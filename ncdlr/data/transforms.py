@@ -21,9 +21,11 @@ The Ray pipeline ships uint8 through the object store and normalises on the cons
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +163,12 @@ def random_resized_crop_box(width: int, height: int, scale: tuple[float, float],
     return left, top, left + w, top + h
 
 
+@functools.lru_cache(maxsize=None)
+def _thread_pool(threads: int) -> ThreadPoolExecutor:
+    """One pool per size per process (a decode worker reuses it across batches)."""
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ncdlr-decode")
+
+
 @dataclass(frozen=True)
 class TrainViews:
     """Two augmented views per image: ``view1``, ``view2`` float32 ``[N, 3, size, size]`` (``dtype="uint8"``:
@@ -176,10 +184,13 @@ class TrainViews:
     scaling: str = "imagenet"
     seed: int | None = None
     dtype: str = "float32"
+    threads: int = 1  # images of a batch decoded in parallel threads
 
     def __post_init__(self) -> None:
         _scale_and_shift(self.scaling)
         _check_dtype(self.dtype)
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
 
@@ -193,19 +204,26 @@ class TrainViews:
     def __call__(self, batch: Batch) -> Batch:
         """``batch["image"]``: N encoded images → the batch without ``image``, plus ``view1``, ``view2``,
         ``valid`` (bool ``[N]``) and, for ``dtype="uint8"``, ``scaling``."""
-        rng = np.random.default_rng(self.seed)
         images = batch["image"]
         n = len(images)
+        rngs = np.random.default_rng(self.seed).spawn(n)  # one stream per image: same views with or without threads
         pixels = np.zeros((2, n, self.size, self.size, 3), np.uint8)
         valid = np.zeros(n, dtype=bool)
         min_side = int(math.ceil(self.size / math.sqrt(self.crop_scale[0])))  # smallest crop keeps full detail
-        for i, data in enumerate(images):
-            image = decode_rgb(data, min_side=min_side)
+
+        def one(i: int) -> None:
+            image = decode_rgb(images[i], min_side=min_side)
             if image is None:
-                continue
+                return
             valid[i] = True
-            pixels[0, i] = self._view(image, rng)
-            pixels[1, i] = self._view(image, rng)
+            pixels[0, i] = self._view(image, rngs[i])
+            pixels[1, i] = self._view(image, rngs[i])
+
+        if self.threads > 1 and n > 1:  # PIL decodes and resizes without holding the GIL
+            list(_thread_pool(self.threads).map(one, range(n)))
+        else:
+            for i in range(n):
+                one(i)
         out = {key: value for key, value in batch.items() if key != "image"}
         for name, view in (("view1", pixels[0]), ("view2", pixels[1])):
             _finish(out, name, view, valid, self.scaling, self.dtype)

@@ -87,6 +87,17 @@ def test_train_views_are_reproducible_with_a_seed_and_fresh_without() -> None:
     assert not np.array_equal(c["view1"], d["view1"])
 
 
+def test_threaded_decoding_gives_the_same_views_as_serial() -> None:
+    batch = _batch(n=6)
+    batch["image"][4] = b"junk"
+    serial, threaded = TrainViews(size=SIZE, seed=7)(batch), TrainViews(size=SIZE, seed=7, threads=3)(batch)
+    for key in ("view1", "view2", "valid"):
+        assert np.array_equal(serial[key], threaded[key]), key
+    assert threaded["valid"].tolist() == [True, True, True, True, False, True]
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        TrainViews(threads=0)
+
+
 def test_eval_view_is_deterministic_and_shaped() -> None:
     batch = _batch()
     a, b = EvalView(size=SIZE)(batch), EvalView(size=SIZE)(batch)
