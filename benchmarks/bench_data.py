@@ -8,9 +8,10 @@ B rows (``view1``, ``view2`` float32 ``[B, 3, S, S]`` plus labels). Where the wo
 
 * **DataLoader, JPEG files**: ``--cpus`` worker processes each read a file and run
   ``TrainViews(dtype="float32")`` (decode, crops, normalisation) on it; the main process collates.
-* **Ray Data** (``build_datasets``): read tasks cut the parquet shards into blocks of ~64 rows; decode tasks
-  (``map_batches``, 1 logical CPU each, ``--cpus`` logical CPUs in all) run ``TrainViews(dtype="uint8")``
-  (decode + crops) and put uint8 views in the object store; the consumer (``iter_torch_batches`` with
+* **Ray Data** (``build_datasets``, default ``PipelineConfig``): read tasks cut the parquet shards into
+  blocks of ~128 rows; decode tasks (``map_batches``, 1 logical CPU each, ``--cpus`` logical CPUs in all)
+  run ``TrainViews(dtype="uint8", threads=2)`` (decode + crops, the batch's images on 2 threads) and put
+  uint8 views in the object store; the consumer (``iter_torch_batches`` with
   ``ToTorch``, in Ray's prefetch thread in this process) normalises them to float32. This is what a Ray
   Train worker runs through ``PairedBatches``.
 * **Ray Data, float32 transfer**: the same, but the decode tasks normalise and ship float32 views
