@@ -9,13 +9,16 @@ the same FIFO as the shared source of truth: it outlives worker restarts, and ch
 Exchange per training step ``s`` (see :class:`BufferClient`):
 
 1. Every rank pushes the gathered rows of step ``s`` into its local replica → the OT problem (no Ray call).
-2. Rank 0 hands the rows to one background sender thread, which waits until the actor has applied the
-   push of step ``s - 1`` and then sends ``actor.push.remote(s, rows)`` fire-and-forget. The step itself only
-   waits if the previous hand-off has not been sent yet (in steady state it was sent long ago, while the rank
-   did forward, OT and backward), so at most one push is in flight plus one hand-off, and the actor receives
-   the pushes in step order. Serialising the ``[n, Ku]`` rows into the object store (≈ 100 KB at n = 256,
-   Ku = 100) happens on the sender thread, off the step. The actor ignores a step it has already applied,
-   so a retried push is harmless.
+2. Rank 0 collects the rows of ``push_every`` consecutive steps (default 8) and hands them, as one list,
+   to a background sender thread, which waits until the actor has applied the previous push and then sends
+   ``actor.push.remote(s, [rows of steps s-7 .. s])`` fire-and-forget; the actor applies them one step at a
+   time, so its FIFO is exactly the replicas'. The actor's contents are read only after a :meth:`flush`
+   (checkpoints) and on restore, so delivering them in batches loses nothing, and it keeps the sender
+   thread's Python work (serialising ≈ 100 KB per step into the object store at n = 256, Ku = 100, the
+   remote call) from competing with the training step for the GIL every step. The step itself only waits if
+   the previous hand-off has not been sent yet, so at most one push is in flight plus one hand-off, and the
+   actor receives the pushes in step order. The actor ignores a step it has already applied, so a retried
+   push is harmless.
 3. Ranks load the history from the actor only at start and after a restore/worker restart
    (:meth:`BufferClient.start`); :meth:`BufferClient.flush` waits for the last push (before a checkpoint).
 """
@@ -44,13 +47,16 @@ class BufferActor:
         self._step = -1
         self._changed = asyncio.Condition()
 
-    async def push(self, step: int, rows: np.ndarray) -> int:
-        """Append ``rows [n, Ku]`` as training step ``step``; a step ≤ the last applied one is ignored."""
+    async def push(self, step: int, rows: np.ndarray | list[np.ndarray]) -> int:
+        """Append ``rows [n, Ku]`` as training step ``step``, or a list of ``m`` such arrays as steps
+        ``step - m + 1 .. step`` (oldest first), one push per step; steps ≤ the last applied one are ignored."""
+        parts = rows if isinstance(rows, list) else [rows]
         async with self._changed:
-            if step > self._step:
-                self._buffer.push(torch.as_tensor(np.asarray(rows, dtype=np.float32)))
-                self._step = step
-                self._changed.notify_all()
+            for part_step, part in enumerate(parts, start=step - len(parts) + 1):
+                if part_step > self._step:
+                    self._buffer.push(torch.as_tensor(np.asarray(part, dtype=np.float32)))
+                    self._step = part_step
+            self._changed.notify_all()
             return self._step
 
     async def snapshot(self, after_step: int) -> tuple[int, dict]:
@@ -92,11 +98,15 @@ class BufferClient:
     """A rank's replica of the shared buffer, kept in step with the :class:`BufferActor`.
 
     ``start(step)`` loads the actor's history (once, before training); ``history_plus(step, rows)`` returns
-    the replica after appending this step's gathered ``rows``; ``commit(step, rows)`` hands the rows to the
-    actor (rank 0 only, on a sender thread); ``flush()`` waits until the actor has applied the last push.
+    the replica after appending this step's gathered ``rows``; ``commit(step, rows)`` queues the rows for the
+    actor (rank 0 only; sent every ``push_every`` steps on a sender thread); ``flush()`` sends what is queued
+    and waits until the actor has applied it.
     """
 
-    def __init__(self, actor, capacity: int, num_clusters: int, rank: int, device: torch.device | str | None = None):
+    def __init__(self, actor, capacity: int, num_clusters: int, rank: int, device: torch.device | str | None = None,
+                 push_every: int = 8):
+        if push_every < 1:
+            raise ValueError(f"push_every must be >= 1, got {push_every}")
         self.actor = actor
         self.rank = rank
         self._shape = (capacity, num_clusters)
@@ -104,6 +114,9 @@ class BufferClient:
         self.local = LogitBuffer(capacity, num_clusters, device)
         self._step = None  # last step in the replica; None before ``start``
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-push") if rank == 0 else None
+        self.push_every = push_every
+        self._queued: list[np.ndarray] = []  # rank 0: rows of the steps not yet handed off, oldest first
+        self._queued_step = -1  # the last step in ``_queued``
         self._handoff: Future | None = None  # rank 0's last hand-off to the sender thread
         self._in_flight = None  # ObjectRef of the last push sent (touched by the sender thread only)
         self.times = ExchangeTimes()
@@ -133,26 +146,37 @@ class BufferClient:
         return self.local.push(rows.detach().float())
 
     def commit(self, step: int, rows: torch.Tensor) -> None:
-        """Rank 0 hands ``rows [n, Ku]`` of ``step`` to the sender thread (other ranks: nothing to do)."""
+        """Rank 0 queues ``rows [n, Ku]`` of ``step`` and hands the queue to the sender thread every
+        ``push_every`` steps (other ranks: nothing to do)."""
         if self._sender is None:
             return
-        t0 = time.perf_counter()
-        if self._handoff is not None:
-            self._handoff.result()  # previous step's push sent (re-raises a failed send)
-        t1 = time.perf_counter()
-        self._handoff = self._sender.submit(self._send, step, rows.detach().float().cpu().numpy().copy())
-        self.times.wait += t1 - t0
-        self.times.issue += time.perf_counter() - t1
+        t0, waited = time.perf_counter(), self.times.wait
+        self._queued.append(rows.detach().float().cpu().numpy().copy())
+        self._queued_step = step
+        if len(self._queued) >= self.push_every:
+            self._hand_off()
+        self.times.issue += time.perf_counter() - t0 - (self.times.wait - waited)
         self.times.steps += 1
 
-    def _send(self, step: int, rows: np.ndarray) -> None:
-        """Sender thread: wait for the previous push to be applied, then push ``step`` (fire-and-forget)."""
+    def _hand_off(self) -> None:
+        """Give the queued steps to the sender thread, after the previous hand-off was sent (its wait is timed)."""
+        t0 = time.perf_counter()
+        if self._handoff is not None:
+            self._handoff.result()  # previous push sent (re-raises a failed send)
+        self.times.wait += time.perf_counter() - t0
+        queued, self._queued = self._queued, []
+        self._handoff = self._sender.submit(self._send, self._queued_step, queued)
+
+    def _send(self, step: int, rows: list[np.ndarray]) -> None:
+        """Sender thread: wait for the previous push to be applied, then push the steps ending at ``step``."""
         if self._in_flight is not None:
             ray.get(self._in_flight)
         self._in_flight = self.actor.push.remote(step, rows)
 
     def flush(self) -> None:
-        """Block until the actor has applied rank 0's last push (no-op on other ranks / with none in flight)."""
+        """Send what is queued and block until the actor has applied it (no-op on other ranks / when idle)."""
+        if self._queued:
+            self._hand_off()
         if self._handoff is not None:
             self._handoff.result()
             self._handoff = None

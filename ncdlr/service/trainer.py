@@ -260,7 +260,7 @@ def train_worker(config: dict) -> None:
             if client is not None:  # the actor is the source of truth; the replica must equal it
                 client.flush()
                 buffer = ray.get(actor.snapshot.remote(client.step))[1]
-                if not torch.equal(buffer["rows"], client.local.rows):
+                if not torch.equal(buffer["rows"], client.state_dict()["rows"]):  # both on the host
                     raise RuntimeError(f"buffer replica of rank 0 differs from the buffer actor at step {client.step}")
             with tempfile.TemporaryDirectory() as tmp:
                 save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)

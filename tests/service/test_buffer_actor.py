@@ -115,3 +115,33 @@ def test_a_replica_refuses_a_step_out_of_order_or_before_start():
     with pytest.raises(RuntimeError, match="actor is at step 3, rank 0 expected 1"):
         client.start(1)
     ray.kill(actor)
+
+
+@pytest.mark.parametrize("push_every", [1, 5])
+def test_batched_pushes_leave_the_actor_equal_to_the_replica(push_every):
+    """Rows delivered every ``push_every`` steps (from the first, fill-by-repetition push to a wrapped FIFO)
+    are applied one step at a time: after ``flush`` the actor equals the replica, also mid-batch."""
+    actor = get_or_create_buffer_actor(f"test-batched-{push_every}", capacity=10, num_clusters=3)
+    client = BufferClient(actor, 10, 3, rank=0, push_every=push_every)
+    client.start(-1)
+    gen = torch.Generator().manual_seed(2)
+    for step in range(13):
+        rows = torch.randn(3 if step % 2 else 4, 3, generator=gen)
+        client.history_plus(step, rows)
+        client.commit(step, rows)
+        if step == 6:  # a checkpoint in the middle of a batch
+            client.flush()
+            assert ray.get(actor.snapshot.remote(6))[0] == 6
+    client.flush()
+    step, state = ray.get(actor.snapshot.remote(12))
+    assert step == 12
+    assert torch.equal(state["rows"], client.state_dict()["rows"])
+    assert ray.get(actor.push.remote(12, [np.zeros((3, 3), np.float32)] * 2)) == 12  # a retried batch: ignored
+    assert torch.equal(ray.get(actor.snapshot.remote(12))[1]["rows"], client.state_dict()["rows"])
+    client.close()
+    ray.kill(actor)
+
+
+def test_push_every_must_be_positive():
+    with pytest.raises(ValueError, match="push_every"):
+        BufferClient(None, 4, 2, rank=0, push_every=0)
