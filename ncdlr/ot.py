@@ -308,7 +308,7 @@ class AdaptiveSelfLabeler(nn.Module):
             sizes = torch.sort(fixed_prior.detach().float(), descending=True).values
             self.register_buffer("ranked_prior", sizes / sizes.sum())
         self.forward_mode = True  # scalar priors: dF/dt by forward mode; False → autograd through objective()
-        self.cuda_graphs = True  # scalar priors on CUDA: replay each call as one captured graph (False → eager)
+        self.cuda_graphs = True  # scalar priors on CUDA, from the 2nd call (momentum exists): one graph replay per call
         self._graphs: dict[tuple, _CapturedCall] = {}
         params = list(self.parameters())
         self._optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum) if params else None
@@ -471,23 +471,26 @@ class AdaptiveSelfLabeler(nn.Module):
             raise ValueError(f"expected scores [N, {self.num_clusters}], got {tuple(scores.shape)}")
         if scores.shape[0] == 0:
             raise ValueError("scores must have at least one row")
-        if self._optimizer is not None and self.prior in _SCALAR_PRIORS and self.forward_mode:
-            if scores.is_cuda and self.cuda_graphs and self._momentum_buffer() is not None:
-                if not torch.isfinite(scores).all():  # checked before the replay, which updates t
-                    raise ValueError("scores must be finite (NaN or inf found)")
-                labels, value, w = self._captured(scores.shape, last, scores.device)(scores)
-                labels, w = labels.clone(), w.clone()  # the graph's outputs are overwritten by its next replay
-            else:
-                kernel = ScaledKernel.from_scores(scores.float(), self.eps)
-                if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
-                    raise ValueError("scores must be finite (NaN or inf found)")
-                labels, value, w = self._solve_scalar(kernel, last)
-            self.last_prior = w
-            self.last_objective = float(value)
-            return labels
-        kernel = ScaledKernel.from_scores(scores.float(), self.eps)
-        if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
-            raise ValueError("scores must be finite (NaN or inf found)")
+        fast = self._optimizer is not None and self.prior in _SCALAR_PRIORS and self.forward_mode
+        if fast and scores.is_cuda and self.cuda_graphs and self._momentum_buffer() is not None:
+            if not torch.isfinite(scores).all():  # checked before the replay, which updates t
+                raise ValueError("scores must be finite (NaN or inf found)")
+            labels, value, w = self._captured(scores.shape, last, scores.device)(scores)
+            labels, w = labels.clone(), w.clone()  # the graph's outputs are overwritten by its next replay
+        else:
+            kernel = ScaledKernel.from_scores(scores.float(), self.eps)
+            if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
+                raise ValueError("scores must be finite (NaN or inf found)")
+            labels, value, w = (self._solve_scalar if fast else self._solve_autograd)(kernel, last)
+        self.last_prior = w
+        self.last_objective = float(value)
+        return labels
+
+    def _solve_autograd(self, kernel: ScaledKernel, last: int | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The reference path (any prior): autograd through :meth:`objective` and the torch optimiser.
+
+        Returns detached (labels ``[N or last, K]``, ``F``, ``w [K]``) like :meth:`_solve_scalar`.
+        """
         rank_of_cluster = rank_by_mass(kernel.log_mass)
         with torch.enable_grad():
             if self._optimizer is None:
@@ -501,9 +504,7 @@ class AdaptiveSelfLabeler(nn.Module):
                     value.backward()
                     torch.nn.utils.clip_grad_norm_(self.parameters(), self.grad_clip)
                     self._optimizer.step()
-        self.last_prior = w.detach()
-        self.last_objective = float(value.detach())
-        return kernel.rows(v.detach(), last).detach()
+        return kernel.rows(v.detach(), last).detach(), value.detach(), w.detach()
 
 
 class _CapturedCall:
