@@ -21,8 +21,10 @@ Each path makes ``--passes`` epochs over the data, interleaved round by round (s
 machine's load hits every path alike) and timed separately: pass 1 includes each path's own start-up (Ray
 Data plans the read, opens the shards and starts its tasks; the DataLoader forks its workers); later
 passes show the rate a multi-epoch training run sees. Not timed: ``ray.init`` and a warm-up epoch of the
-real decode pipeline over a separate 64-image dataset, which starts Ray's worker processes and Ray Data's
-per-process machinery (a training job has them running already). Without it, whichever Ray path runs
+real decode pipeline over a separate 320-image dataset (several decode blocks, so the same read → split →
+decode plan runs), which starts Ray's worker processes and Ray Data's per-process machinery (a training job
+has them running already). Even so the first timed Ray pass, whichever path it is, runs ≈ 0.3 s slower
+(04:49 UTC: S3 first → S3/local pass 1 0.72; local first → 1.26): compare pass-1 rates with that in mind. Without it, whichever Ray path runs
 first after ``ray.init`` pays ~1.5 s more on pass 1 (measured: S3 first 1.84 s to the first batch, local
 0.35 s; local first 1.86 s, S3 0.47 s) — Ray starting its second worker process, not S3.
 
@@ -51,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ncdlr.data.manifest import DatasetInfo  # noqa: E402
 from ncdlr.data.records import ClassInfo, ImageRecord  # noqa: E402
 from ncdlr.data.storage import S3Server  # noqa: E402
+
+WARM_UP_IMAGES = 320  # the untimed warm-up dataset: more rows than one decode block (128)
 
 
 def make_jpegs(root: Path, n: int, size: int, classes: int, seed: int) -> list[tuple[Path, int]]:
@@ -169,7 +173,7 @@ def main() -> int:
         local_uri, s3_uri, warm_uri = str(work / "prepared"), f"{bucket}/prepared", str(work / "warm-up")
         for uri in (local_uri, s3_uri):
             write_dataset(uri, records, classes, info, progress=False, overwrite=True)
-        write_dataset(warm_uri, *dataset_parts(files[:64], jpeg_root, args.classes), progress=False, overwrite=True)
+        write_dataset(warm_uri, *dataset_parts(files[:WARM_UP_IMAGES], jpeg_root, args.classes), progress=False, overwrite=True)
         del records
         # address="local": a Ray of our own even when another cluster runs on this machine.
         ray.init(address="local", num_cpus=args.cpus, object_store_memory=1024**3, log_to_driver=False,
