@@ -143,29 +143,31 @@ class BufferClient:
         if step != self._step + 1:
             raise RuntimeError(f"rank {self.rank}: buffer replica is at step {self._step}, got step {step}")
         self._step = step
-        return self.local.push(rows.detach().float())
+        return self.local.push(rows)  # LogitBuffer.push detaches and copies to float32 on its device
 
     def commit(self, step: int, rows: torch.Tensor) -> None:
         """Rank 0 queues ``rows [n, Ku]`` of ``step`` and hands the queue to the sender thread every
         ``push_every`` steps (other ranks: nothing to do)."""
         if self._sender is None:
             return
-        t0, waited = time.perf_counter(), self.times.wait
+        t0 = time.perf_counter()
         self._queued.append(rows.detach().float().cpu().numpy().copy())
         self._queued_step = step
+        self.times.issue += time.perf_counter() - t0
+        self.times.steps += 1
         if len(self._queued) >= self.push_every:
             self._hand_off()
-        self.times.issue += time.perf_counter() - t0 - (self.times.wait - waited)
-        self.times.steps += 1
 
     def _hand_off(self) -> None:
-        """Give the queued steps to the sender thread, after the previous hand-off was sent (its wait is timed)."""
+        """Give the queued steps to the sender thread once the previous hand-off was sent (``times.wait``)."""
         t0 = time.perf_counter()
         if self._handoff is not None:
             self._handoff.result()  # previous push sent (re-raises a failed send)
-        self.times.wait += time.perf_counter() - t0
+        t1 = time.perf_counter()
         queued, self._queued = self._queued, []
         self._handoff = self._sender.submit(self._send, self._queued_step, queued)
+        self.times.wait += t1 - t0
+        self.times.issue += time.perf_counter() - t1
 
     def _send(self, step: int, rows: list[np.ndarray]) -> None:
         """Sender thread: wait for the previous push to be applied, then push the steps ending at ``step``."""
