@@ -127,6 +127,33 @@ def kl_from_uniform(w: Tensor) -> Tensor:
     return -math.log(k) - torch.log(w).mean()
 
 
+def _single_cpu_thread(t: Tensor) -> bool:
+    return t.device.type == "cpu" and torch.get_num_threads() == 1
+
+
+def _matrix_times_pair(matrix: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``(M a, M b)`` for ``matrix [R, C]`` and vectors ``a, b [C]`` in one GEMM → two ``[R]`` vectors.
+
+    The layout is picked per device (measured, ``docs/benchmarks.md``): on one CPU thread
+    ``[a; b] @ Mᵀ`` (``[2, C] @ [C, R]``) is 1.3–2× faster than ``M @ [a, b]`` and leaves both results
+    contiguous; with several CPU threads only ``M @ [a, b]`` (``[R, C] @ [C, 2]``, the ``[C, 2]`` operand
+    column-major) splits its ``R`` rows over the threads (≈ 2× faster at Ku = 1000 on 2 threads). On a GPU
+    ``M @ [a, b]`` is what the CUDA-graph timings were taken with.
+    """
+    pair = torch.stack([a, b])
+    if _single_cpu_thread(matrix):
+        return (pair @ matrix.T).unbind(0)
+    return (matrix @ pair.T).unbind(1)
+
+
+def _pair_times_matrix(a: Tensor, b: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """``(aᵀ M, bᵀ M)`` for ``matrix [R, C]`` and ``a, b [R]``: one ``[2, R] @ [R, C]`` product on one CPU
+    thread, two vector-matrix products otherwise (those split over threads; the stacked one does not)."""
+    if _single_cpu_thread(matrix):
+        return (torch.stack([a, b]) @ matrix).unbind(0)
+    return a @ matrix, b @ matrix
+
+
 @dataclass(frozen=True)
 class ScaledKernel:
     """The Gibbs kernel ``exp(S/ε)`` rescaled once per labeling call (shapes ``[N, K]``).
@@ -201,27 +228,27 @@ class ScaledKernel:
             tangent: ``[K]`` direction ``dw`` (the derivative of ``w`` in the learned parameter).
 
         Returns:
-            ``(ṽ, dṽ)``, both ``[K]``. Each Sinkhorn update carries its tangent along: the pair is one
-            ``[N, K] @ [K, 2]`` product for the row side and two vector-matrix products for the column side,
-            so the derivative costs about as much as the solve itself, with no autograd graph.
+            ``(ṽ, dṽ)``, both ``[K]``. Each Sinkhorn update carries its tangent along: the pair shares one
+            product with the kernel on the row side (:func:`_matrix_times_pair`) and on the column side
+            (:func:`_pair_times_matrix`), so the derivative adds no pass over the kernel and builds no graph.
         """
         n = self.kernel.shape[0]
         v = col_marginal / self.column_mass
         dv = tangent / self.column_mass
         for _ in range(n_iters - 1):
-            kv, kdv = (self.kernel @ torch.stack([v, dv]).T).unbind(1)  # K v and K dv, [N] each ([K, 2] column-major: the fast GEMM layout)
+            kv, kdv = _matrix_times_pair(self.kernel, v, dv)  # K v and K dv, [N] each
             u = (1.0 / n) / kv
             minus_du = (u * kdv).div_(kv)  # du = -u (K dv) / (K v); the sign is folded into dv below
-            ktu, minus_ktdu = u @ self.kernel, minus_du @ self.kernel
+            ktu, minus_ktdu = _pair_times_matrix(u, minus_du, self.kernel)  # Kᵀu and -Kᵀdu, [K] each
             v = col_marginal / ktu
             dv = torch.addcmul(tangent, v, minus_ktdu).div_(ktu)  # (dw - v ⊙ Kᵀdu) / Kᵀu
         return v, dv
 
     def transport_gain_jvp(self, v: Tensor, dv: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`transport_gain` and its directional derivative along ``dv`` (one ``[2N, K] @ [K, 2]`` product)."""
+        """:meth:`transport_gain` and its directional derivative along ``dv`` (one product with ``[K; KS]``)."""
         n = self.kernel.shape[0]
-        both = self.stacked @ torch.stack([v, dv]).T  # [2N, 2]: rows [K; KS] times [v, dv]
-        (kv, kdv), (wv, wdv) = both[:n].unbind(1), both[n:].unbind(1)
+        both, d_both = _matrix_times_pair(self.stacked, v, dv)  # [2N] each: [K v; KS v] and [K dv; KS dv]
+        (kv, wv), (kdv, wdv) = both.split(n), d_both.split(n)
         ratio = wv / kv
         return ratio.mean(), torch.addcmul(wdv, ratio, kdv, value=-1).div_(kv).mean()
 
@@ -373,8 +400,8 @@ class AdaptiveSelfLabeler(nn.Module):
         return F.softplus(t), torch.sigmoid(t)
 
     @torch.no_grad()
-    def objective_and_derivative(self, kernel: ScaledKernel, rank_of_cluster: Tensor, rho: Tensor | None = None
-                                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def objective_and_derivative(self, kernel: ScaledKernel, rank_of_cluster: Tensor, rho: Tensor | None = None,
+                                 *, with_value: bool = True) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
         """``F``, ``dF/dt``, ``ṽ`` and ``w`` for the scalar priors (adaptive, bounded, anchored), forward mode.
 
         ``w_r = softmax_r(-ρ_r s)`` with ``ρ_r = r / (K-1)`` and ``s = log τ``, so ``dw_r/ds = w_r (ρ̄ - ρ_r)``
@@ -385,6 +412,8 @@ class AdaptiveSelfLabeler(nn.Module):
         fraction of its cost: no graph, one stacked product per Sinkhorn half-step.
 
         ``rho``: ``[K]`` the relative ranks ``ρ`` (:meth:`relative_ranks`), computed once per call by the caller.
+        ``with_value=False`` skips ``F`` itself (returned as None): the SGD step needs only ``dF/dt``, and a call
+        reports ``F`` of its last alternation only.
 
         Returns:
             ``(F, dF/dt, ṽ [K], w [K])`` — scalars are 0-d tensors; ``w`` in cluster order.
@@ -402,14 +431,14 @@ class AdaptiveSelfLabeler(nn.Module):
         gain, dgain = kernel.transport_gain_jvp(v, dv)
         if self.prior == "anchored":
             anchor = self.anchor.to(dtype)
-            divergence = kl_divergence(anchor, ranked)
             d_divergence = (anchor * rho).sum() - mean_rho * anchor.sum()
         else:
-            divergence = kl_from_uniform(w)
             d_divergence = (0.5 if k > 1 else 0.0) - mean_rho  # mean(ρ) = 1/2
-        value = -gain + self.gamma * divergence / k
         derivative = (-dgain + self.gamma * d_divergence / k) * ds_dt
-        return value, derivative, v, w
+        if not with_value:
+            return None, derivative, v, w
+        divergence = kl_divergence(anchor, ranked) if self.prior == "anchored" else kl_from_uniform(w)
+        return -gain + self.gamma * divergence / k, derivative, v, w
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -445,8 +474,9 @@ class AdaptiveSelfLabeler(nn.Module):
         """``L`` alternations for a scalar prior; returns (labels ``[N or last, K]``, ``F``, ``w [K]``)."""
         rank_of_cluster = rank_by_mass(kernel.log_mass)
         rho = self.relative_ranks(kernel.kernel)
-        for _ in range(self.outer_steps):
-            value, derivative, v, w = self.objective_and_derivative(kernel, rank_of_cluster, rho)
+        for step in range(self.outer_steps):
+            value, derivative, v, w = self.objective_and_derivative(kernel, rank_of_cluster, rho,
+                                                                    with_value=step == self.outer_steps - 1)
             self._sgd_step(derivative)
         return kernel.rows(v, last), value, w
 

@@ -185,6 +185,9 @@ def test_forward_mode_derivative_equals_autograd(prior, extra, eps, n_iters):
         assert float(derivative) == pytest.approx(float(ref_grad), rel=1e-9, abs=1e-13)
         torch.testing.assert_close(v, ref_v.detach(), rtol=1e-12, atol=0)
         assert float(ref_grad) != 0.0
+        skipped, same_derivative, same_v, _ = labeler.objective_and_derivative(kernel, rank, with_value=False)
+        assert skipped is None  # the alternations before the last skip F; dF/dt is the same computation
+        assert torch.equal(same_derivative, derivative) and torch.equal(same_v, v)
 
 
 @pytest.mark.parametrize("prior,extra", [("adaptive", {}), ("bounded", {"max_imbalance": 40.0}),
@@ -202,8 +205,29 @@ def test_forward_mode_labeler_follows_the_autograd_labeler(prior, extra):
     for _ in range(6):
         q_fast, q_slow = fast(scores, last=50), slow(scores, last=50)
         assert fast.imbalance_factor == pytest.approx(slow.imbalance_factor, rel=2e-4)
+        assert fast.last_objective == pytest.approx(slow.last_objective, rel=1e-4)  # F of the last alternation
         torch.testing.assert_close(q_fast, q_slow, rtol=1e-3, atol=1e-5)
     assert abs(fast.imbalance_factor - 2.0) > 1e-3 or prior == "bounded"
     momentum = fast.get_extra_state()["optimizer"]["state"][0]["momentum_buffer"]
     torch.testing.assert_close(momentum, slow.get_extra_state()["optimizer"]["state"][0]["momentum_buffer"],
                                rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pair_products_are_the_same_in_either_layout(threads):
+    """The one-thread layout (``[a; b] @ Mᵀ``) and the multi-thread one (``M @ [a, b]``) compute the same products."""
+    from ncdlr.ot import _matrix_times_pair, _pair_times_matrix
+
+    gen = torch.Generator().manual_seed(0)
+    matrix = torch.rand(300, 40, generator=gen, dtype=torch.float64)
+    a, b = torch.rand(40, generator=gen, dtype=torch.float64), torch.rand(40, generator=gen, dtype=torch.float64)
+    x, y = torch.rand(300, generator=gen, dtype=torch.float64), torch.rand(300, generator=gen, dtype=torch.float64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ma, mb = _matrix_times_pair(matrix, a, b)
+        xm, ym = _pair_times_matrix(x, y, matrix)
+    finally:
+        torch.set_num_threads(before)
+    for got, want in ((ma, matrix @ a), (mb, matrix @ b), (xm, x @ matrix), (ym, y @ matrix)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
