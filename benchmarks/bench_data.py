@@ -28,10 +28,19 @@ has them running already). Even so the first timed Ray pass, whichever path it i
 first after ``ray.init`` pays ~1.5 s more on pass 1 (measured: S3 first 1.84 s to the first batch, local
 0.35 s; local first 1.86 s, S3 0.47 s) — Ray starting its second worker process, not S3.
 
+Two summaries are less sensitive to a shared machine's noise than the pooled rates: the **per-round ratio**
+(each later round's images/s against the DataLoader's in the same round; median and range) and the **busy
+CPU per image** (the whole machine's busy CPU seconds over a pass, from ``/proc/stat``, divided by its
+images: what one image costs on that path, counting every process: driver, Ray workers, raylet, rclone,
+DataLoader workers). Ray Data 2.60 also starts every execution (every epoch) with a resource limit of 0 CPUs
+for about one second, until its autoscaling coordinator answers (``ResourceManager.get_global_limits``):
+in that second it runs one decode task at a time, which ``decode_threads=2`` keeps on both cores.
+
 The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
 DataLoader) and once as a prepared dataset (parquet shards + manifest) on local disk and on a local
 ``rclone serve s3``.
 
+    .venv/bin/python benchmarks/bench_data.py                 # 3000 images, 6 passes per path: ≈ 2.5 min
     .venv/bin/python benchmarks/bench_data.py --images 1200 --image-size 224 --passes 4 --cpus 2
 """
 
@@ -40,6 +49,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -124,6 +134,29 @@ class JpegFiles:
         return torch.from_numpy(out["view1"][0]), torch.from_numpy(out["view2"][0]), label
 
 
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds this machine has spent busy so far (all processes: ``/proc/stat``), None where unavailable.
+
+    The difference over a pass is every process's CPU for it (driver, Ray workers, raylet, rclone, DataLoader
+    workers): the CPU one image costs on each path, which a shared machine's load changes much less than
+    the wall time."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(run) -> tuple[int, float, float | None]:
+    """``(rows, wall s, busy CPU s)`` of one pass."""
+    before = busy_cpu_seconds()
+    rows, seconds = run()
+    after = busy_cpu_seconds()
+    return rows, seconds, (after - before) if before is not None and after is not None else None
+
+
 def dataloader_pass(loader) -> tuple[int, float]:
     start, rows = time.perf_counter(), 0
     for view1, _view2, _label in loader:
@@ -140,7 +173,7 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=2,
                         help="Ray logical CPUs = DataLoader workers (default 2: this machine's cores)")
     parser.add_argument("--classes", type=int, default=20)
-    parser.add_argument("--passes", type=int, default=3,
+    parser.add_argument("--passes", type=int, default=6,
                         help="epochs per path; pass 1 includes start-up (>= 2 so later passes exist)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep generated data here (default: a temp dir)")
     args = parser.parse_args()
@@ -199,17 +232,25 @@ def main() -> int:
             names = list(runs)
             for round_ in range(args.passes):
                 for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                    results.setdefault(name, []).append(runs[name]())
-                    rows, seconds = results[name][-1]
+                    results.setdefault(name, []).append(timed(runs[name]))
+                    rows, seconds, _ = results[name][-1]
                     print(f"round {round_ + 1}: {name}: {rows} images in {seconds:.1f}s", flush=True)
             tasks = {name: "; ".join(line.strip().split(" in ")[0] for line in ds.stats().splitlines()
                                      if "tasks executed" in line) for name, ds in datasets.items()}
         finally:
             ray.shutdown()
 
-    def rate(timings: list[tuple[int, float]], which: slice) -> float:
+    def rate(timings: list[tuple[int, float, float | None]], which: slice) -> float:
         chosen = timings[which]
-        return sum(r for r, _ in chosen) / sum(s for _, s in chosen)
+        return sum(t[0] for t in chosen) / sum(t[1] for t in chosen)
+
+    def round_ratios(timings, reference) -> list[float]:
+        """Per-round images/s ratio against ``reference`` over the later passes (the same round saw the same load)."""
+        return [(t[0] / t[1]) / (r[0] / r[1]) for t, r in zip(timings[1:], reference[1:])]
+
+    def cpu_ms_per_image(timings) -> str:
+        cpu = [t[2] for t in timings[1:]]
+        return "n/a" if any(c is None for c in cpu) else f"{1000 * sum(cpu) / sum(t[0] for t in timings[1:]):.2f}"
 
     base = results[baseline]
     load = os.getloadavg()
@@ -218,12 +259,14 @@ def main() -> int:
           f"{args.cpus} CPUs")
     first, later = slice(0, 1), slice(1, None)
     print("| path | images/pass | pass 1 s | later passes s (each) | images/s pass 1 | images/s later | "
-          "vs DataLoader pass 1 | vs DataLoader later |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "vs DataLoader pass 1 | vs DataLoader later | per-round ratio, median (min–max) | busy CPU ms/image |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, t in results.items():
-        print(f"| {name} | {t[0][0]} | {t[0][1]:.1f} | {' '.join(f'{s:.1f}' for _, s in t[1:])} | "
+        ratios = round_ratios(t, base)
+        print(f"| {name} | {t[0][0]} | {t[0][1]:.1f} | {' '.join(f'{x[1]:.1f}' for x in t[1:])} | "
               f"{rate(t, first):.1f} | {rate(t, later):.1f} | {rate(t, first) / rate(base, first):.2f}x | "
-              f"{rate(t, later) / rate(base, later):.2f}x |")
+              f"{rate(t, later) / rate(base, later):.2f}x | {statistics.median(ratios):.2f}x "
+              f"({min(ratios):.2f}–{max(ratios):.2f}) | {cpu_ms_per_image(t)} |")
     s3, local = results["Ray Data, rclone S3"], results["Ray Data, local disk"]
     print(f"\nS3 / local images/s: pass 1 {rate(s3, first) / rate(local, first):.2f}, "
           f"later passes {rate(s3, later) / rate(local, later):.2f}")
