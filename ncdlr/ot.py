@@ -127,29 +127,35 @@ def kl_from_uniform(w: Tensor) -> Tensor:
     return -math.log(k) - torch.log(w).mean()
 
 
-def _single_cpu_thread(t: Tensor) -> bool:
-    return t.device.type == "cpu" and torch.get_num_threads() == 1
+_NARROW_LAYOUT_MAX_BYTES = 8 * 1024**2  # measured crossover 12–16 MiB on a 32 MiB-L3 EPYC (docs/benchmarks.md)
+
+
+def _narrow_layout(matrix: Tensor) -> bool:
+    """Whether ``[a; b] @ Mᵀ`` beats ``M @ [a, b]``: on one CPU thread, for a matrix of at most 8 MiB."""
+    return (matrix.device.type == "cpu" and torch.get_num_threads() == 1
+            and matrix.numel() * matrix.element_size() <= _NARROW_LAYOUT_MAX_BYTES)
 
 
 def _matrix_times_pair(matrix: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """``(M a, M b)`` for ``matrix [R, C]`` and vectors ``a, b [C]`` in one GEMM → two ``[R]`` vectors.
 
-    The layout is picked per device (measured, ``docs/benchmarks.md``): on one CPU thread
-    ``[a; b] @ Mᵀ`` (``[2, C] @ [C, R]``) is 1.3–2× faster than ``M @ [a, b]`` and leaves both results
-    contiguous; with several CPU threads only ``M @ [a, b]`` (``[R, C] @ [C, 2]``, the ``[C, 2]`` operand
-    column-major) splits its ``R`` rows over the threads (≈ 2× faster at Ku = 1000 on 2 threads). On a GPU
-    ``M @ [a, b]`` is what the CUDA-graph timings were taken with.
+    The layout is picked per device and size (measured, ``docs/benchmarks.md``): on one CPU thread
+    ``[a; b] @ Mᵀ`` (``[2, C] @ [C, R]``) is 1.2–1.4× faster than ``M @ [a, b]`` while ``M`` is at most a few
+    MiB, and leaves both results contiguous; past ≈ 12–16 MiB it turns 1.4–2.5× slower (MKL then packs the
+    large operand), hence :data:`_NARROW_LAYOUT_MAX_BYTES`. With several CPU threads only ``M @ [a, b]``
+    (``[R, C] @ [C, 2]``, the ``[C, 2]`` operand column-major) splits its ``R`` rows over the threads. On a
+    GPU ``M @ [a, b]`` is what the CUDA-graph timings were taken with.
     """
     pair = torch.stack([a, b])
-    if _single_cpu_thread(matrix):
+    if _narrow_layout(matrix):
         return (pair @ matrix.T).unbind(0)
     return (matrix @ pair.T).unbind(1)
 
 
 def _pair_times_matrix(a: Tensor, b: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """``(aᵀ M, bᵀ M)`` for ``matrix [R, C]`` and ``a, b [R]``: one ``[2, R] @ [R, C]`` product on one CPU
-    thread, two vector-matrix products otherwise (those split over threads; the stacked one does not)."""
-    if _single_cpu_thread(matrix):
+    """``(aᵀ M, bᵀ M)`` for ``matrix [R, C]`` and ``a, b [R]``: one ``[2, R] @ [R, C]`` product where
+    :func:`_narrow_layout` holds, two vector-matrix products otherwise (those split over threads)."""
+    if _narrow_layout(matrix):
         return (torch.stack([a, b]) @ matrix).unbind(0)
     return a @ matrix, b @ matrix
 

@@ -213,11 +213,14 @@ def test_forward_mode_labeler_follows_the_autograd_labeler(prior, extra):
                                rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_pair_products_are_the_same_in_either_layout(threads):
-    """The one-thread layout (``[a; b] @ Mᵀ``) and the multi-thread one (``M @ [a, b]``) compute the same products."""
-    from ncdlr.ot import _matrix_times_pair, _pair_times_matrix
+@pytest.mark.parametrize("threads,max_bytes,narrow", [(1, None, True), (2, None, False), (1, 0, False)])
+def test_pair_products_are_the_same_in_either_layout(threads, max_bytes, narrow, monkeypatch):
+    """The narrow layout (``[a; b] @ Mᵀ``: one thread, small M) and the wide one (``M @ [a, b]``: several threads,
+    or M past the size bound) compute the same products."""
+    from ncdlr import ot
 
+    if max_bytes is not None:
+        monkeypatch.setattr(ot, "_NARROW_LAYOUT_MAX_BYTES", max_bytes)
     gen = torch.Generator().manual_seed(0)
     matrix = torch.rand(300, 40, generator=gen, dtype=torch.float64)
     a, b = torch.rand(40, generator=gen, dtype=torch.float64), torch.rand(40, generator=gen, dtype=torch.float64)
@@ -225,8 +228,9 @@ def test_pair_products_are_the_same_in_either_layout(threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        ma, mb = _matrix_times_pair(matrix, a, b)
-        xm, ym = _pair_times_matrix(x, y, matrix)
+        assert ot._narrow_layout(matrix) is narrow  # the case under test takes the intended path
+        ma, mb = ot._matrix_times_pair(matrix, a, b)
+        xm, ym = ot._pair_times_matrix(x, y, matrix)
     finally:
         torch.set_num_threads(before)
     for got, want in ((ma, matrix @ a), (mb, matrix @ b), (xm, x @ matrix), (ym, y @ matrix)):
