@@ -23,6 +23,12 @@ What runs, all in one process on one GPU, bf16 autocast (``optim.amp``):
 3. **Embedding throughput**: ``ncdlr embed``'s forward pass (no grad, bf16), 512 images per batch.
 4. **OT step alone**: the labeler at N = 2048 + 128 rows, Ku = 1000 (``bench_ot.py``'s problem) on the
    GPU: replayed as a captured CUDA graph (the default), eager forward mode, and the autograd path.
+5. **Input path of one step** (4 × B crops of 224 px, host tensors as ``PairedBatches`` yields them): the
+   float32 views normalised on the host (what a CPU worker gets) against uint8 views normalised on the
+   device after the copy (what a GPU worker gets, ``PairedBatches(normalise=False)``): ``torch.cat`` + copy
+   to the device (+ ``normalise_chw_torch``), synchronised; and the host-side normalisation the uint8 path
+   saves (numpy, one thread; it runs in Ray's prefetch thread, off the step's critical path but on the
+   worker's CPU).
 
 Writes ``gpu.json`` and ``gpu.md`` to ``--out`` and prints the Markdown.
 """
@@ -43,6 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ncdlr.data.transforms import normalise_chw, normalise_chw_torch  # noqa: E402
 from ncdlr.models import build_model  # noqa: E402
 from ncdlr.ot import AdaptiveSelfLabeler  # noqa: E402
 from ncdlr.service.config import Config  # noqa: E402
@@ -191,6 +198,30 @@ def ot_numbers(device: torch.device, smoke: bool) -> dict:
     return out
 
 
+def input_numbers(sizes: Sizes, device: torch.device) -> dict:
+    """ms per step to bring 4 × B crops to the device: float32 (host-normalised) vs uint8 normalised on the device."""
+    g = torch.Generator().manual_seed(0)
+    raw = [torch.randint(0, 256, (sizes.batch, 3, sizes.image, sizes.image), generator=g, dtype=torch.uint8)
+           for _ in range(4)]
+    floats = [normalise_chw_torch(r, "imagenet") for r in raw]
+
+    def float_path():
+        return torch.cat(floats).to(device, non_blocking=True)
+
+    def uint8_path():
+        return normalise_chw_torch(torch.cat(raw).to(device, non_blocking=True), "imagenet")
+
+    assert torch.equal(float_path().cpu(), uint8_path().cpu())  # the same inputs reach the model
+    arrays = [r.numpy() for r in raw]
+    out = {"crops": 4 * sizes.batch, "float32_mb": sum(f.numel() * 4 for f in floats) / 2**20,
+           "uint8_mb": sum(r.numel() for r in raw) / 2**20}
+    for name, fn in (("float32_ms", float_path), ("uint8_ms", uint8_path)):
+        out[name] = statistics.median(timed(fn, device, 3, 20)) * 1e3
+    out["host_normalise_ms"] = statistics.median(timed(lambda: [normalise_chw(a, "imagenet") for a in arrays],
+                                                       torch.device("cpu"), 1, 5)) * 1e3
+    return out
+
+
 def markdown(result: dict) -> str:
     env = result["env"]
     lines = [f"device: {env['device']}, torch {env['torch']}, timm {env['timm']}, Python {env['python']}",
@@ -212,6 +243,12 @@ def markdown(result: dict) -> str:
               f"({e['ms_per_batch']:.1f} ms per batch)",
               f"OT step alone (N={o['rows']}, Ku={o['clusters']}, L=10, T=3, median of 20 calls): CUDA graph "
               f"{o['graph_ms']:.2f} ms, eager forward-mode {o['forward_mode_ms']:.2f} ms, autograd {o['autograd_ms']:.2f} ms"]
+    if "input" in result:
+        i = result["input"]
+        lines.append(f"input path of one step ({i['crops']} crops, median of 20): float32 views "
+                     f"({i['float32_mb']:.0f} MiB) cat + copy {i['float32_ms']:.1f} ms; uint8 views ({i['uint8_mb']:.0f} MiB) "
+                     f"cat + copy + normalise on the device {i['uint8_ms']:.1f} ms ({i['float32_ms'] / i['uint8_ms']:.1f}x); "
+                     f"host normalisation saved {i['host_normalise_ms']:.1f} ms of one CPU thread per step")
     return "\n".join(lines)
 
 
@@ -242,6 +279,7 @@ def main() -> None:
     result["embed"] = embed_numbers(sizes, device)
     print(f"[bench_gpu] embed {result['embed']}", flush=True)
     result["ot"] = ot_numbers(device, args.smoke)
+    result["input"] = input_numbers(sizes, device)
     text = markdown(result)
     print(text)
     if args.out:

@@ -87,6 +87,28 @@ def test_train_step_on_cuda_with_amp(method):
     assert state.step == 3
 
 
+def test_uint8_views_normalised_on_cuda_give_the_host_normalised_step():
+    """What a GPU Ray Train worker does (``PairedBatches(normalise=False)``): uint8 views cross to the device and
+    ``train_step`` normalises them there; the inputs are the same bits as host-normalised float32 views, so the
+    step's loss equals the float32 batch's on the same device."""
+    from ncdlr.data.transforms import normalise_chw_torch
+
+    cfg = tiny_config()
+    g = torch.Generator().manual_seed(2)
+    pixels = [torch.randint(0, 256, (8, 3, 32, 32), generator=g, dtype=torch.uint8) for _ in range(4)]
+    for p in pixels:
+        assert torch.equal(normalise_chw_torch(p.to(CUDA), "imagenet").cpu(), normalise_chw_torch(p, "imagenet"))
+    labels, valid = torch.randint(0, 5, (8,), generator=g), torch.ones(8, dtype=torch.bool)
+    losses = []
+    for batch in (PairedBatch(pixels[0], pixels[1], labels, valid, pixels[2], pixels[3], valid, scaling="imagenet"),
+                  PairedBatch(*(normalise_chw_torch(p, "imagenet") for p in pixels[:2]), labels, valid,
+                              *(normalise_chw_torch(p, "imagenet") for p in pixels[2:]), valid)):
+        torch.manual_seed(0)
+        state = build_worker_state(cfg, build_model(cfg.model, 5, 6, image_size=32), 10, CUDA)
+        losses.append(train_step(state, batch, cfg, LocalBuffer(cfg.labeler.buffer_size, 6, CUDA))["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
 def test_pseudo_labels_on_cuda_match_cpu():
     """The GPU path (rows and buffer on the device, invalid rows dropped) gives the CPU path's soft labels."""
     s = scores(n=2 * 16, k=6, seed=3).view(2, 16, 6)

@@ -365,15 +365,17 @@ def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "tes
 # ----------------------------------------------------------------------------------------- paired batches
 
 
-def to_torch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+def to_torch(batch: dict[str, np.ndarray], normalise: bool = True) -> dict[str, Any]:
     """numpy batch → numeric columns as torch tensors (zero-copy where writable), string columns as lists.
 
     uint8 views (``scaling`` column present, see ``with_train_views``) are normalised here into new float32
-    ``[b,3,H,W]`` tensors (``normalise_views``); the ``scaling`` column is dropped."""
+    ``[b,3,H,W]`` tensors (``normalise_views``) and the ``scaling`` column is dropped; with
+    ``normalise=False`` they stay uint8 and ``scaling`` stays as a list, for the consumer to normalise on its
+    device (``ncdlr.data.transforms.normalise_chw_torch``)."""
     import torch
 
     out: dict[str, Any] = {}
-    for key, value in normalise_views(batch).items():
+    for key, value in (normalise_views(batch) if normalise else batch).items():
         value = np.asarray(value)
         if key == "label":
             out[key] = torch.from_numpy(value.astype(np.int64))  # class indices as torch losses expect them
@@ -387,8 +389,12 @@ def to_torch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
 class ToTorch(NumpyBatchCollateFn):
     """``to_torch`` as the collate function of ``iter_torch_batches`` (runs in Ray's prefetch threads)."""
 
+    def __init__(self, normalise: bool = True) -> None:
+        super().__init__()
+        self.normalise = normalise
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        return to_torch(batch)
+        return to_torch(batch, self.normalise)
 
 
 class PairedBatches:
@@ -406,21 +412,27 @@ class PairedBatches:
 
     ``local_shuffle_buffer_size``: rows kept on the worker to draw batches from at random (None: stream
     order, which is already shuffled within shards and across shard order).
+
+    ``normalise=False`` (for a GPU consumer): uint8 views stay uint8 ``[b,3,H,W]`` and each side keeps its
+    ``scaling`` list, so the consumer copies 4x fewer bytes to its device and normalises there
+    (``ncdlr.data.transforms.normalise_chw_torch``, the same bits). The default normalises on this host, in
+    Ray's prefetch threads, beside the training step.
     """
 
     def __init__(self, known: Any, novel: Any, batch_size: int, *, device: Any = None, prefetch_batches: int = 2,
-                 local_shuffle_buffer_size: int | None = None) -> None:
+                 local_shuffle_buffer_size: int | None = None, normalise: bool = True) -> None:
         self.known = known
         self.novel = novel
         self.batch_size = batch_size
         self.device = device
+        self.normalise = normalise
         self.prefetch_batches = prefetch_batches
         self.local_shuffle_buffer_size = local_shuffle_buffer_size
         self._known_stream: Iterator[dict[str, Any]] | None = None
         self.epochs_of_known = 0  # completed passes over the known stream
 
     def _batches(self, stream: Any) -> Iterator[dict[str, Any]]:
-        return stream.iter_torch_batches(batch_size=self.batch_size, drop_last=True, collate_fn=ToTorch(),
+        return stream.iter_torch_batches(batch_size=self.batch_size, drop_last=True, collate_fn=ToTorch(self.normalise),
                                          prefetch_batches=self.prefetch_batches,
                                          local_shuffle_buffer_size=self.local_shuffle_buffer_size)
 

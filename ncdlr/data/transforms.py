@@ -91,6 +91,28 @@ def normalise_chw(chw: np.ndarray, scaling: str) -> np.ndarray:
     return out
 
 
+def normalise_chw_torch(chw: Any, scaling: str) -> Any:
+    """:func:`normalise_chw` for a uint8 torch tensor ``[N, 3, H, W]``, on the tensor's own device (e.g. the GPU,
+    after a host-to-device copy of 4x fewer bytes than float32 views). The same two float32 roundings
+    (``x · scale``, then ``+ shift``), so the same bits as the numpy version (tested)."""
+    import torch
+
+    if chw.dtype != torch.uint8 or chw.ndim != 4 or chw.shape[1] != 3:
+        raise ValueError(f"need uint8 [N, 3, H, W] views, got {chw.dtype} {tuple(chw.shape)}")
+    scale, shift = (torch.from_numpy(a).to(chw.device) for a in _scale_and_shift(scaling))
+    return chw.to(torch.float32).mul_(scale).add_(shift)
+
+
+def batch_scaling(values: Any) -> str:
+    """The one normalisation named by a batch's ``scaling`` column (``ValueError`` if it mixes several or is empty)."""
+    names = {str(v) for v in values}
+    if len(names) > 1:
+        raise ValueError(f"one batch mixes normalisations {sorted(names)}: build every stream with one scaling")
+    if not names:
+        raise ValueError("an empty scaling column names no normalisation")
+    return names.pop()
+
+
 def normalise(pixels: np.ndarray, scaling: str) -> np.ndarray:
     """uint8 ``[N, H, W, 3]`` → float32 ``[N, 3, H, W]`` with the chosen normalisation."""
     return normalise_chw(to_chw(pixels), scaling)
@@ -119,12 +141,10 @@ def normalise_views(batch: Batch) -> Batch:
     if "scaling" not in batch:
         return batch
     out = dict(batch)
-    names = {str(s) for s in out.pop("scaling")}
-    if len(names) > 1:
-        raise ValueError(f"one batch mixes normalisations {sorted(names)}: build every stream with one scaling")
-    if not names:  # an empty batch
+    names = out.pop("scaling")
+    if len(names) == 0:  # an empty batch
         return out
-    scaling = names.pop()
+    scaling = batch_scaling(names)
     valid = np.asarray(out["valid"], dtype=bool) if "valid" in out else None
     for key in VIEW_COLUMNS:
         value = out.get(key)

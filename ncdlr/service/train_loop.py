@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ncdlr.buffer import LogitBuffer
+from ncdlr.data.transforms import normalise_chw_torch
 from ncdlr.methods import build_method
 from ncdlr.models import NCDModel
 from ncdlr.ot import AdaptiveSelfLabeler
@@ -57,6 +58,8 @@ class PairedBatch:
     novel_view1: torch.Tensor
     novel_view2: torch.Tensor
     novel_valid: torch.Tensor  # [B] bool
+    # Set when the image views are uint8 (not yet normalised): train_step normalises them on its device.
+    scaling: str | None = None
 
 
 class Buffer(Protocol):
@@ -207,6 +210,10 @@ def train_step(state: WorkerState, batch: PairedBatch, cfg: Config, buffer: Buff
     model.train()
     b = batch.known_view1.shape[0]
     x = torch.cat([batch.known_view1, batch.known_view2, batch.novel_view1, batch.novel_view2]).to(device, non_blocking=True)
+    if x.dtype == torch.uint8:  # views that crossed to the device as bytes (PairedBatches(normalise=False))
+        if batch.scaling is None:
+            raise ValueError("uint8 image views need PairedBatch.scaling (the normalisation to apply)")
+        x = normalise_chw_torch(x, batch.scaling)
     known_valid = batch.known_valid.to(device)
     novel_valid = batch.novel_valid.to(device)
     use_amp = cfg.optim.amp and device.type == "cuda"

@@ -31,7 +31,9 @@ from ncdlr.data.transforms import (
     EvalView,
     TrainViews,
     _scale_and_shift,
+    batch_scaling,
     normalise,
+    normalise_chw_torch,
     normalise_views,
     random_resized_crop_box,
     split_valid,
@@ -149,6 +151,24 @@ def test_uint8_views_normalised_later_equal_the_float32_views(scaling: str) -> N
         assert "scaling" not in as_torch
         for key in keys:
             assert as_torch[key].dtype == torch.float32 and torch.equal(as_torch[key], torch.from_numpy(full[key]))
+        # Deferred (a GPU consumer): uint8 tensors plus the scaling, normalised later by torch to the same bits.
+        deferred = to_torch(small, normalise=False)
+        assert deferred["scaling"] == [scaling] * 4
+        for key in keys:
+            assert deferred[key].dtype == torch.uint8
+            on_device = normalise_chw_torch(deferred[key][:3], batch_scaling(deferred["scaling"]))
+            assert on_device.dtype == torch.float32 and torch.equal(on_device, torch.from_numpy(full[key][:3])), key
+
+
+def test_torch_normalisation_checks_its_input_and_scaling_column() -> None:
+    with pytest.raises(ValueError, match="need uint8"):
+        normalise_chw_torch(torch.zeros(2, 3, 4, 4), "imagenet")
+    with pytest.raises(ValueError, match="scaling must be one of"):
+        normalise_chw_torch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), "zscore")
+    with pytest.raises(ValueError, match=r"mixes normalisations \['imagenet', 'lite'\]"):
+        batch_scaling(["imagenet", "lite"])
+    with pytest.raises(ValueError, match="names no normalisation"):
+        batch_scaling([])
 
 
 def test_normalise_views_refuses_mixed_scalings_and_passes_float_batches_through() -> None:
@@ -269,6 +289,32 @@ def test_a_corrupt_jpeg_in_a_shard_is_skipped_and_counted(data_ray, tmp_path: Pa
                for s in steps for side in ("known", "novel") for view in ("view1", "view2"))
     assert all("scaling" not in s["novel"] and "valid" not in s["novel"] for s in steps)
     assert all(s["novel"]["label"].dtype == torch.int64 for s in steps)
+
+
+def test_paired_batches_can_leave_views_for_the_device_to_normalise(data_ray, tmp_path: Path) -> None:
+    """``PairedBatches(normalise=False)`` (what a GPU worker uses) yields uint8 views and their scaling; normalised
+    by ``normalise_chw_torch`` they equal what the default (host-normalised) batches hold, row for row."""
+    records, classes, info = make_tiny_dataset(train_counts=(8, 8, 8, 8), test_per_class=1)
+    write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False)
+    cfg = PipelineConfig(image_size=SIZE, decode_batch_size=4, augment_seed=3, shuffle=False)
+    datasets = build_datasets(str(tmp_path / "ds"), cfg)
+
+    def rows(normalise: bool) -> dict[str, torch.Tensor]:
+        batches = PairedBatches(datasets["known"], datasets["novel"], batch_size=4, normalise=normalise)
+        out = {}
+        for step in batches:
+            side = step["novel"]
+            views = side["view1"]
+            if not normalise:
+                assert views.dtype == torch.uint8 and side["scaling"] == ["imagenet"] * len(side["source_id"])
+                views = normalise_chw_torch(views, batch_scaling(side["scaling"]))
+            out.update(zip(side["source_id"], views))
+        batches.close()
+        return out
+
+    host, device = rows(True), rows(False)
+    assert len(host) == 16 and host.keys() == device.keys()
+    assert all(torch.equal(host[k], device[k]) for k in host)
 
 
 @pytest.mark.slow

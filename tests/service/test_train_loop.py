@@ -72,6 +72,35 @@ def test_invalid_rows_are_left_out_of_the_ot_problem_and_counted():
     assert torch.allclose(q[:, valid].sum(-1), torch.ones(2, 4), atol=1e-5)
 
 
+def test_uint8_views_are_normalised_in_the_step_with_the_same_result():
+    """A batch whose image views are still uint8 (``PairedBatches(normalise=False)``, what a GPU worker gets) takes
+    the same step as the host-normalised float32 batch: same loss, same parameters after. (Run on the CPU here;
+    ``tests/test_gpu.py`` repeats it on a CUDA device.)"""
+    from ncdlr.data.transforms import normalise_chw_torch
+
+    cfg = small_config(batch_size=4)
+    cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = "tiny_cnn", -1, "linear"
+    gen = torch.Generator().manual_seed(0)
+    pixels = [torch.randint(0, 256, (4, 3, 16, 16), generator=gen, dtype=torch.uint8) for _ in range(4)]
+    valid, labels = torch.ones(4, dtype=torch.bool), torch.tensor([0, 1, 2, 3])
+    raw = PairedBatch(pixels[0], pixels[1], labels, valid, pixels[2], pixels[3], valid, scaling="imagenet")
+    floats = PairedBatch(*(normalise_chw_torch(p, "imagenet") for p in pixels[:2]), labels, valid,
+                         *(normalise_chw_torch(p, "imagenet") for p in pixels[2:]), valid)
+
+    def step(batch):
+        torch.manual_seed(0)
+        model = build_model(cfg.model, KS, KU, image_size=16)
+        state = build_worker_state(cfg, model, 4, torch.device("cpu"))
+        return train_step(state, batch, cfg, LocalBuffer(cfg.labeler.buffer_size, KU)), state
+
+    (stats_raw, state_raw), (stats_float, state_float) = step(raw), step(floats)
+    assert stats_raw["loss"] == stats_float["loss"]
+    for a, b in zip(state_raw.model.parameters(), state_float.model.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="need PairedBatch.scaling"):
+        step(PairedBatch(*pixels[:2], labels, valid, *pixels[2:], valid))
+
+
 def test_bad_images_do_not_enter_the_losses(splits):
     """Rows marked invalid (undecodable images, zero views) change nothing, whatever their content."""
     cfg = small_config()
