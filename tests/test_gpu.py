@@ -99,10 +99,15 @@ def test_uint8_views_normalised_on_cuda_give_the_host_normalised_step():
     for p in pixels:
         assert torch.equal(normalise_chw_torch(p.to(CUDA), "imagenet").cpu(), normalise_chw_torch(p, "imagenet"))
     labels, valid = torch.randint(0, 5, (8,), generator=g), torch.ones(8, dtype=torch.bool)
+    valid[-1] = False  # a padded row: uint8 zeros on the device path, float zeros on the host path
+    for p in pixels:
+        p[-1] = 0
+    floats = [normalise_chw_torch(p, "imagenet") for p in pixels]
+    for f in floats:
+        f[-1] = 0.0
     losses = []
     for batch in (PairedBatch(pixels[0], pixels[1], labels, valid, pixels[2], pixels[3], valid, scaling="imagenet"),
-                  PairedBatch(*(normalise_chw_torch(p, "imagenet") for p in pixels[:2]), labels, valid,
-                              *(normalise_chw_torch(p, "imagenet") for p in pixels[2:]), valid)):
+                  PairedBatch(floats[0], floats[1], labels, valid, floats[2], floats[3], valid)):
         torch.manual_seed(0)
         state = build_worker_state(cfg, build_model(cfg.model, 5, 6, image_size=32), 10, CUDA)
         losses.append(train_step(state, batch, cfg, LocalBuffer(cfg.labeler.buffer_size, 6, CUDA))["loss"])

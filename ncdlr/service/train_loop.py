@@ -210,12 +210,15 @@ def train_step(state: WorkerState, batch: PairedBatch, cfg: Config, buffer: Buff
     model.train()
     b = batch.known_view1.shape[0]
     x = torch.cat([batch.known_view1, batch.known_view2, batch.novel_view1, batch.novel_view2]).to(device, non_blocking=True)
+    known_valid = batch.known_valid.to(device)
+    novel_valid = batch.novel_valid.to(device)
     if x.dtype == torch.uint8:  # views that crossed to the device as bytes (PairedBatches(normalise=False))
         if batch.scaling is None:
             raise ValueError("uint8 image views need PairedBatch.scaling (the normalisation to apply)")
         x = normalise_chw_torch(x, batch.scaling)
-    known_valid = batch.known_valid.to(device)
-    novel_valid = batch.novel_valid.to(device)
+        # Rows of undecodable or padded images are zeros after normalisation, as on the host path (the encoder
+        # still sees them, e.g. in batch-norm statistics).
+        x[~torch.cat([known_valid, known_valid, novel_valid, novel_valid])] = 0.0
     use_amp = cfg.optim.amp and device.type == "cuda"
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
         z = (state.forward or model)(x).float()

@@ -74,7 +74,8 @@ def test_invalid_rows_are_left_out_of_the_ot_problem_and_counted():
 
 def test_uint8_views_are_normalised_in_the_step_with_the_same_result():
     """A batch whose image views are still uint8 (``PairedBatches(normalise=False)``, what a GPU worker gets) takes
-    the same step as the host-normalised float32 batch: same loss, same parameters after. (Run on the CPU here;
+    the same step as the host-normalised float32 batch: same loss, same parameters after, with a padded row
+    (zeros in both, as the host path has them; ``tiny_cnn``'s batch norm sees it). (Run on the CPU here;
     ``tests/test_gpu.py`` repeats it on a CUDA device.)"""
     from ncdlr.data.transforms import normalise_chw_torch
 
@@ -82,10 +83,14 @@ def test_uint8_views_are_normalised_in_the_step_with_the_same_result():
     cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = "tiny_cnn", -1, "linear"
     gen = torch.Generator().manual_seed(0)
     pixels = [torch.randint(0, 256, (4, 3, 16, 16), generator=gen, dtype=torch.uint8) for _ in range(4)]
-    valid, labels = torch.ones(4, dtype=torch.bool), torch.tensor([0, 1, 2, 3])
+    valid, labels = torch.tensor([True, True, True, False]), torch.tensor([0, 1, 2, 3])
+    for p in pixels:  # the last row is padding for a dropped image: uint8 zeros before normalisation
+        p[3] = 0
+    floats = [normalise_chw_torch(p, "imagenet") for p in pixels]
+    for f in floats:  # the host path's padding: zeros after normalisation (trainer._pad_side)
+        f[3] = 0.0
     raw = PairedBatch(pixels[0], pixels[1], labels, valid, pixels[2], pixels[3], valid, scaling="imagenet")
-    floats = PairedBatch(*(normalise_chw_torch(p, "imagenet") for p in pixels[:2]), labels, valid,
-                         *(normalise_chw_torch(p, "imagenet") for p in pixels[2:]), valid)
+    floats = PairedBatch(floats[0], floats[1], labels, valid, floats[2], floats[3], valid)
 
     def step(batch):
         torch.manual_seed(0)
