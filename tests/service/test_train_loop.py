@@ -106,6 +106,31 @@ def test_uint8_views_are_normalised_in_the_step_with_the_same_result():
         step(PairedBatch(*pixels[:2], labels, valid, *pixels[2:], valid))
 
 
+def test_image_batches_pad_dropped_rows_and_carry_the_scaling_of_uint8_views():
+    """The trainer's adapter from ``PairedBatches`` steps to fixed-shape ``PairedBatch``es: a side that lost a row
+    (an undecodable image) is padded back with an invalid zero row, and uint8 views keep their ``scaling`` (a GPU
+    worker's ``PairedBatches(normalise=False)``); host-normalised steps carry none."""
+    from ncdlr.service.trainer import _image_batches
+
+    def side(rows: int, dtype: torch.dtype, scaling: bool) -> dict:
+        out = {"view1": torch.ones(rows, 3, 4, 4, dtype=dtype), "view2": torch.ones(rows, 3, 4, 4, dtype=dtype),
+               "label": torch.arange(rows), "source_id": [f"id{i}" for i in range(rows)]}
+        if scaling:
+            out["scaling"] = ["lite"] * rows
+        return out
+
+    raw, = _image_batches([{"known": side(3, torch.uint8, True), "novel": side(4, torch.uint8, True)}], 4)
+    assert raw.scaling == "lite" and raw.known_view1.dtype == torch.uint8
+    assert raw.known_valid.tolist() == [True, True, True, False] and not raw.known_view1[3].any()
+    assert raw.novel_valid.all()
+    host, = _image_batches([{"known": side(4, torch.float32, False), "novel": side(4, torch.float32, False)}], 4)
+    assert host.scaling is None and host.known_view1.dtype == torch.float32
+    with pytest.raises(ValueError, match="mixes normalisations"):
+        mixed = side(4, torch.uint8, True)
+        mixed["scaling"][0] = "imagenet"
+        list(_image_batches([{"known": mixed, "novel": side(4, torch.uint8, True)}], 4))
+
+
 def test_bad_images_do_not_enter_the_losses(splits):
     """Rows marked invalid (undecodable images, zero views) change nothing, whatever their content."""
     cfg = small_config()
