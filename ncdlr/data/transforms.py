@@ -99,8 +99,16 @@ def normalise_chw_torch(chw: Any, scaling: str) -> Any:
 
     if chw.dtype != torch.uint8 or chw.ndim != 4 or chw.shape[1] != 3:
         raise ValueError(f"need uint8 [N, 3, H, W] views, got {chw.dtype} {tuple(chw.shape)}")
-    scale, shift = (torch.from_numpy(a).to(chw.device) for a in _scale_and_shift(scaling))
+    scale, shift = _scale_and_shift_on(scaling, chw.device)
     return chw.to(torch.float32).mul_(scale).add_(shift)
+
+
+@functools.lru_cache(maxsize=16)
+def _scale_and_shift_on(scaling: str, device: Any) -> tuple[Any, Any]:
+    """:func:`_scale_and_shift` as torch tensors on ``device``, copied there once (not once per step)."""
+    import torch
+
+    return tuple(torch.from_numpy(a).to(device) for a in _scale_and_shift(scaling))
 
 
 def batch_scaling(values: Any) -> str:
