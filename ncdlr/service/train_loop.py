@@ -219,7 +219,7 @@ def train_step(state: WorkerState, batch: PairedBatch, cfg: Config, buffer: Buff
         # Rows of undecodable or padded images are zeros after normalisation, as on the host path (the encoder
         # still sees them, e.g. in batch-norm statistics). masked_fill_, not boolean indexing: no device sync.
         rows = torch.cat([known_valid, known_valid, novel_valid, novel_valid])
-        x.masked_fill_(~rows.view(-1, *([1] * (x.ndim - 1))), 0.0)
+        x.masked_fill_(~rows[:, None, None, None], 0.0)  # x is [4B, 3, H, W] (normalise_chw_torch checked)
     use_amp = cfg.optim.amp and device.type == "cuda"
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
         z = (state.forward or model)(x).float()
