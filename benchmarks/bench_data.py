@@ -8,14 +8,16 @@ B rows (``view1``, ``view2`` float32 ``[B, 3, S, S]`` plus labels). Where the wo
 
 * **DataLoader, JPEG files**: ``--cpus`` worker processes each read a file and run
   ``TrainViews(dtype="float32")`` (decode, crops, normalisation) on it; the main process collates.
-* **Ray Data** (``build_datasets``, default ``PipelineConfig``): read tasks cut the parquet shards into
-  blocks of ~128 rows; decode tasks (``map_batches``, 1 logical CPU each, ``--cpus`` logical CPUs in all)
-  run ``TrainViews(dtype="uint8", threads=2)`` (decode + crops, the batch's images on 2 threads) and put
-  uint8 views in the object store; the consumer (``iter_torch_batches`` with
+* **Ray Data** (``build_datasets``, default ``PipelineConfig``): read tasks (1 logical CPU each, ``--cpus``
+  logical CPUs in all; one per ~2048 rows of a shard) read the parquet rows and decode them in the same
+  task, 64-row blocks on 2 threads (``TrainViews(dtype="uint8")``: decode + crops), and put each block's
+  uint8 views in the object store as soon as it is done; the consumer (``iter_torch_batches`` with
   ``ToTorch``, in Ray's prefetch thread in this process) normalises them to float32. This is what a Ray
   Train worker runs through ``PairedBatches``.
-* **Ray Data, float32 transfer**: the same, but the decode tasks normalise and ship float32 views
-  (``PipelineConfig(transfer_dtype="float32")``, 4x the object-store bytes): the previous design.
+* **Ray Data, separate decode step**: the design before 2026-11-26 (``decode_in_read_tasks=False``): read tasks
+  cut the shards into 128-row blocks and ``map_batches`` tasks (1 logical CPU, 2 threads) decode them.
+* **Ray Data, float32 transfer**: the same as the default, but the decode step normalises and ships float32 views
+  (``PipelineConfig(transfer_dtype="float32")``, 4x the object-store bytes): the design before uint8 transfer.
 
 Each path makes ``--passes`` epochs over the data, interleaved round by round (so a change in a shared
 machine's load hits every path alike) and timed separately: pass 1 includes each path's own start-up (Ray
@@ -34,7 +36,7 @@ CPU per image** (the whole machine's busy CPU seconds over a pass, from ``/proc/
 images: what one image costs on that path, counting every process: driver, Ray workers, raylet, rclone,
 DataLoader workers). Ray Data 2.60 also starts every execution (every epoch) with a resource limit of 0 CPUs
 for about one second, until its autoscaling coordinator answers (``ResourceManager.get_global_limits``):
-in that second it runs one decode task at a time, which ``decode_threads=2`` keeps on both cores.
+in that second it runs one task at a time, which ``decode_threads=2`` keeps on both cores.
 
 The data are generated here: random-ish class-coloured JPEGs written once as a JPEG tree (for the
 DataLoader) and once as a prepared dataset (parquet shards + manifest) on local disk and on a local
@@ -219,6 +221,8 @@ def main() -> int:
             ray.get([_start_worker.remote() for _ in range(args.cpus)])
             ray_pass(build_datasets(warm_uri, cfg, train_splits=("known",), eval_splits=())["known"], args.batch_size)
             paths = (("Ray Data, rclone S3", s3_uri, cfg), ("Ray Data, local disk", local_uri, cfg),
+                     ("Ray Data, local disk, separate decode step", local_uri,
+                      replace(cfg, decode_in_read_tasks=False, rows_per_block=128)),
                      ("Ray Data, local disk, float32 transfer", local_uri, replace(cfg, transfer_dtype="float32")))
             datasets = {name: build_datasets(uri, path_cfg, train_splits=("known",), eval_splits=())["known"]
                         for name, uri, path_cfg in paths}

@@ -192,8 +192,9 @@ def random_resized_crop_box(width: int, height: int, scale: tuple[float, float],
 
 
 @functools.lru_cache(maxsize=None)
-def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    """One pool per size per process (a decode worker reuses it across batches)."""
+def decode_pool(threads: int) -> ThreadPoolExecutor:
+    """One pool of ``threads`` decode threads per size per process (a Ray worker reuses it across batches and
+    tasks). Work submitted to it must not wait on the same pool (a transform run in it uses ``threads=1``)."""
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ncdlr-decode")
 
 
@@ -222,6 +223,11 @@ class TrainViews:
         if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
 
+    @property
+    def pixel_bytes_per_row(self) -> int:
+        """Bytes of one output row's pixel columns (two ``[3, size, size]`` views of ``dtype``)."""
+        return 2 * 3 * self.size * self.size * np.dtype(self.dtype).itemsize
+
     def _view(self, image: Image.Image, rng: np.random.Generator) -> np.ndarray:
         box = random_resized_crop_box(image.width, image.height, self.crop_scale, rng)
         view = image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=box)
@@ -248,7 +254,7 @@ class TrainViews:
             pixels[1, i] = self._view(image, rngs[i])
 
         if self.threads > 1 and n > 1:  # PIL decodes and resizes without holding the GIL
-            list(_thread_pool(self.threads).map(one, range(n)))
+            list(decode_pool(self.threads).map(one, range(n)))
         else:
             for i in range(n):
                 one(i)
@@ -273,6 +279,11 @@ class EvalView:
     def __post_init__(self) -> None:
         _scale_and_shift(self.scaling)
         _check_dtype(self.dtype)
+
+    @property
+    def pixel_bytes_per_row(self) -> int:
+        """Bytes of one output row's pixel column (one ``[3, size, size]`` view of ``dtype``)."""
+        return 3 * self.size * self.size * np.dtype(self.dtype).itemsize
 
     @property
     def resize_to(self) -> int:

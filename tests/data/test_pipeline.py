@@ -4,22 +4,31 @@ two Ray Train workers receiving disjoint shards."""
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
+from ray.data.block import BlockAccessor
 
 from ncdlr.data.pipeline import (
+    DecodeSpec,
     PairedBatches,
     PipelineConfig,
+    ShardDatasource,
+    _read_tables,
     build_datasets,
+    decoded_blocks,
     load_feature_table,
     load_splits,
     to_torch,
     train_data_config,
+    with_eval_view,
     with_train_views,
 )
 from ncdlr.data.records import ImageRecord
@@ -246,6 +255,74 @@ def test_feature_table_without_embedding_is_refused_naming_the_file(tmp_path: Pa
         load_feature_table(str(tmp_path / "features.parquet"))
 
 
+# ------------------------------------------------------------------- read-and-decode tasks, no Ray needed
+
+
+def _numbered_parquet(path: Path, rows: int, group_rows: int) -> None:
+    pq.write_table(pa.table({"n": pa.array(range(rows), pa.int64())}), path, row_group_size=group_rows)
+
+
+def test_read_tables_gives_exactly_the_row_range_across_row_groups(tmp_path: Path) -> None:
+    _numbered_parquet(tmp_path / "a.parquet", rows=23, group_rows=5)  # row groups 0-4, 5-9, ..., 20-22
+    fs, path = pafs.LocalFileSystem(), str(tmp_path / "a.parquet")
+
+    def rows(pieces, limit=None) -> list[int]:
+        return [n for t in _read_tables(fs, pieces, None, None, limit) for n in t.column("n").to_pylist()]
+
+    assert rows([(path, 0, None)]) == list(range(23))
+    assert rows([(path, 7, 16)]) == list(range(7, 16))
+    assert rows([(path, 20, 23), (path, 0, 2)]) == [20, 21, 22, 0, 1]
+    assert rows([(path, 3, 19)], limit=6) == [3, 4, 5, 6, 7, 8]
+    # Only the row groups that overlap the range are read: 7-16 touches groups 1, 2, 3 (one table each).
+    assert [t.num_rows for t in _read_tables(fs, [(path, 7, 16)], None, None, None)] == [3, 5, 1]
+
+
+def test_shard_pieces_cover_each_file_once_in_ranges_of_about_rows_per_task() -> None:
+    source = ShardDatasource(pafs.LocalFileSystem(), ["a", "b", "c"], rows=[10, 3, 0], sizes=[1000, 300, 0],
+                             rows_per_task=4)
+    pieces = source.pieces()
+    # 10 rows at most 4 per task -> 3 ranges; 3 rows -> the whole file.
+    assert [p for p, _, _ in pieces] == [("a", 0, 3), ("a", 3, 7), ("a", 7, 10), ("b", 0, None), ("c", 0, None)]
+    assert [r for _, r, _ in pieces] == [3, 4, 3, 3, 0] and sum(b for _, _, b in pieces[:3]) == 1000
+    # Without row counts (or with a split filter) a file is one piece.
+    assert len(ShardDatasource(pafs.LocalFileSystem(), ["a"], rows_per_task=4).pieces()) == 1
+    assert len(ShardDatasource(pafs.LocalFileSystem(), ["a"], rows=[10], split="known", rows_per_task=4).pieces()) == 1
+    tasks = source.get_read_tasks(parallelism=len(pieces))
+    assert len(tasks) == 5 and sorted(t.metadata.num_rows for t in tasks) == [0, 3, 3, 3, 4]
+    with pytest.raises(ValueError, match="rows_per_task must be >= 1"):
+        ShardDatasource(pafs.LocalFileSystem(), ["a"], rows_per_task=0)
+
+
+def test_decoded_blocks_keep_row_order_and_match_one_serial_call_per_block() -> None:
+    tables = [pa.table({"image": pa.array(list(_batch(n, seed)["image"]), pa.binary()),
+                        "source_id": [f"t{seed}-{i}" for i in range(n)]}) for n, seed in ((7, 0), (3, 1))]
+    views = TrainViews(size=SIZE, seed=5, dtype="uint8")
+    blocks = list(decoded_blocks(iter(tables), DecodeSpec(views, rows_per_block=3, threads=2)))
+    assert [b.num_rows for b in blocks] == [3, 3, 1, 3]
+    assert [s for b in blocks for s in b.column("source_id").to_pylist()] == \
+        [f"t0-{i}" for i in range(7)] + [f"t1-{i}" for i in range(3)]
+    # Each block is exactly one serial transform call on its rows (threads change nothing).
+    expected = views({"image": np.array(list(tables[0]["image"].to_pylist()[3:6]), dtype=object),
+                      "source_id": np.array([f"t0-{i}" for i in range(3, 6)], dtype=object)})
+    got = BlockAccessor.for_block(blocks[1]).to_batch_format("numpy")
+    assert np.array_equal(got["view1"], expected["view1"]) and np.array_equal(got["view2"], expected["view2"])
+
+
+def test_a_failing_transform_stops_the_read_and_cancels_the_queued_blocks() -> None:
+    calls = []
+
+    def transform(batch):
+        calls.append(len(batch["n"]))
+        if len(calls) == 2:
+            raise RuntimeError("decoder bug")
+        return batch
+
+    table = pa.table({"n": pa.array(range(40), pa.int64())})
+    with pytest.raises(RuntimeError, match="decoder bug"):
+        list(decoded_blocks(iter([table]), DecodeSpec(transform, rows_per_block=2, threads=1)))
+    assert len(calls) <= 3, "blocks queued after the failure must not all run"
+
+
 # ---------------------------------------------------------------------------------------- Ray Data
 
 
@@ -318,7 +395,7 @@ def test_paired_batches_can_leave_views_for_the_device_to_normalise(data_ray, tm
 
 
 @pytest.mark.slow
-def test_read_tasks_cut_shards_into_small_blocks_so_decoding_needs_no_repartition(data_ray, tmp_path: Path) -> None:
+def test_load_splits_datasets_decode_inside_their_read_tasks_and_others_get_a_map_step(data_ray, tmp_path: Path) -> None:
     write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)  # known: 18 rows in one shard
     uri = str(tmp_path / "ds")
 
@@ -328,13 +405,41 @@ def test_read_tasks_cut_shards_into_small_blocks_so_decoding_needs_no_repartitio
     small = block_rows(load_splits(uri, ["known"], rows_per_block=4)["known"])
     assert sum(small) == 18 and len(small) == 5 and max(small) <= 4
 
-    cfg = PipelineConfig(image_size=SIZE, rows_per_decode_task=4, decode_batch_size=4)
+    # 18 rows, 8 rows per read task -> 3 tasks of 6 rows; 4-row blocks -> 4 + 2 per task.
+    cfg = PipelineConfig(image_size=SIZE, rows_per_read_task=8, rows_per_block=4, decode_batch_size=4)
     decoded = build_datasets(uri, cfg, train_splits=("known",), eval_splits=())["known"]
-    assert sum(block_rows(decoded)) == 18 and "Repartition" not in decoded.stats()
-    # A dataset that did not come from load_splits with small blocks is cut by a repartition step instead.
-    other = with_train_views(load_splits(uri, ["known"], rows_per_block=None)["known"], cfg)
-    rows = block_rows(other)
-    assert sum(rows) == 18 and len(rows) >= 4 and "Repartition" in other.stats()
+    assert sorted(block_rows(decoded)) == [2, 2, 2, 4, 4, 4], "each decoded block is stored as its own object"
+    stats = decoded.stats()
+    assert "ReadAndDecodeShards: 3 tasks executed" in stats
+    assert "MapBatches" not in stats and "Repartition" not in stats
+    # A dataset that did not come straight from load_splits is cut by a repartition step and decoded by
+    # map tasks of decode_batch_size rows each.
+    other = with_train_views(load_splits(uri, ["known"])["known"].limit(18), cfg)
+    assert sum(block_rows(other)) == 18
+    map_tasks = re.search(r"MapBatches\(TrainViews\): (\d+) tasks executed", other.stats())
+    assert "Repartition" in other.stats() and map_tasks and int(map_tasks.group(1)) >= 4
+    # decode_in_read_tasks=False: the read cuts 4-row blocks, so the map step needs no repartition.
+    mapped = build_datasets(uri, replace(cfg, decode_in_read_tasks=False), train_splits=("known",), eval_splits=())
+    assert sum(block_rows(mapped["known"])) == 18
+    stats = mapped["known"].stats()
+    map_tasks = re.search(r"MapBatches\(TrainViews\): (\d+) tasks executed", stats)
+    assert "ReadShards" in stats and "Repartition" not in stats and map_tasks and int(map_tasks.group(1)) >= 4
+
+
+@pytest.mark.slow
+def test_decoding_in_read_tasks_gives_the_rows_a_map_step_gives(data_ray, tmp_path: Path) -> None:
+    """The eval view is deterministic, so both decode paths must give the same pixels for every source_id."""
+    write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), target_shard_bytes=4 * 1024, progress=False)
+    uri = str(tmp_path / "ds")
+    cfg = PipelineConfig(image_size=SIZE, rows_per_read_task=5, rows_per_block=3)
+    raw = load_splits(uri, ["novel"])["novel"]
+
+    def images(dataset) -> dict[str, np.ndarray]:
+        return {str(r["source_id"]): r["image"] for r in dataset.iter_rows()}
+
+    fused, mapped = images(with_eval_view(raw, cfg)), images(with_eval_view(raw.limit(10**6), cfg))
+    assert len(fused) == 14 and fused.keys() == mapped.keys()
+    assert all(np.array_equal(fused[k], mapped[k]) for k in fused)
 
 
 @pytest.mark.slow
