@@ -22,13 +22,12 @@ B rows (``view1``, ``view2`` float32 ``[B, 3, S, S]`` plus labels). Where the wo
 Each path makes ``--passes`` epochs over the data, interleaved round by round (so a change in a shared
 machine's load hits every path alike) and timed separately: pass 1 includes each path's own start-up (Ray
 Data plans the read, opens the shards and starts its tasks; the DataLoader forks its workers); later
-passes show the rate a multi-epoch training run sees. Not timed: ``ray.init`` and a warm-up epoch of the
-real decode pipeline over a separate 320-image dataset (several decode blocks, so the same read → split →
-decode plan runs), which starts Ray's worker processes and Ray Data's per-process machinery (a training job
-has them running already). Even so the first timed Ray pass, whichever path it is, runs ≈ 0.3 s slower
-(04:49 UTC: S3 first → S3/local pass 1 0.72; local first → 1.26): compare pass-1 rates with that in mind. Without it, whichever Ray path runs
-first after ``ray.init`` pays ~1.5 s more on pass 1 (measured: S3 first 1.84 s to the first batch, local
-0.35 s; local first 1.86 s, S3 0.47 s) — Ray starting its second worker process, not S3.
+passes show the rate a multi-epoch training run sees. Not timed: ``ray.init``, one task per CPU (so Ray
+starts that many worker processes) and one full warm-up pass of the default pipeline over the local shards,
+through a Dataset object of its own (a training job has Ray's processes and Ray Data's per-process machinery
+running already). With only a small warm-up dataset (320 images, before 2026-11-26 08:22 UTC) the first timed
+Ray pass ran slower whichever path it was (S3 first: S3/local pass 1 0.83-0.87; local first: 1.19), so pass 1
+compared the order, not the storage; with the full warm-up pass S3/local pass 1 is 0.93-1.00.
 
 Two summaries are less sensitive to a shared machine's noise than the pooled rates: the **per-round ratio**
 (each later round's images/s against the DataLoader's in the same round; median and range) and the **busy
@@ -42,7 +41,7 @@ The data are generated here: random-ish class-coloured JPEGs written once as a J
 DataLoader) and once as a prepared dataset (parquet shards + manifest) on local disk and on a local
 ``rclone serve s3``.
 
-    .venv/bin/python benchmarks/bench_data.py                 # 3000 images, 6 passes per path: ≈ 2.5 min
+    .venv/bin/python benchmarks/bench_data.py                 # 3000 images, 6 passes per path: ≈ 3 min
     .venv/bin/python benchmarks/bench_data.py --images 1200 --image-size 224 --passes 4 --cpus 2
 """
 
@@ -66,7 +65,6 @@ from ncdlr.data.manifest import DatasetInfo  # noqa: E402
 from ncdlr.data.records import ClassInfo, ImageRecord  # noqa: E402
 from ncdlr.data.storage import S3Server  # noqa: E402
 
-WARM_UP_IMAGES = 320  # the untimed warm-up dataset: more rows than one decode block (128)
 
 
 def make_jpegs(root: Path, n: int, size: int, classes: int, seed: int) -> list[tuple[Path, int]]:
@@ -205,10 +203,9 @@ def main() -> int:
     with S3Server(work / "s3") as server:
         os.environ.update(server.env())
         bucket = server.make_bucket("bench")
-        local_uri, s3_uri, warm_uri = str(work / "prepared"), f"{bucket}/prepared", str(work / "warm-up")
+        local_uri, s3_uri = str(work / "prepared"), f"{bucket}/prepared"
         for uri in (local_uri, s3_uri):
             write_dataset(uri, records, classes, info, progress=False, overwrite=True)
-        write_dataset(warm_uri, *dataset_parts(files[:WARM_UP_IMAGES], jpeg_root, args.classes), progress=False, overwrite=True)
         del records
         # address="local": a Ray of our own even when another cluster runs on this machine.
         ray.init(address="local", num_cpus=args.cpus, object_store_memory=1024**3, log_to_driver=False,
@@ -217,9 +214,10 @@ def main() -> int:
         try:
             # Untimed warm-up (see the docstring): --cpus concurrent tasks, so that Ray starts that many worker
             # processes (Ray Data alone runs one task at a time for its first ~second and would start only
-            # one), then one pass of the real pipeline over the small warm-up dataset.
+            # one), then one full pass of the default pipeline over the local shards through a Dataset object of
+            # its own (the timed paths build theirs below, so each timed pass 1 still plans and starts its own).
             ray.get([_start_worker.remote() for _ in range(args.cpus)])
-            ray_pass(build_datasets(warm_uri, cfg, train_splits=("known",), eval_splits=())["known"], args.batch_size)
+            ray_pass(build_datasets(local_uri, cfg, train_splits=("known",), eval_splits=())["known"], args.batch_size)
             paths = (("Ray Data, rclone S3", s3_uri, cfg), ("Ray Data, local disk", local_uri, cfg),
                      ("Ray Data, local disk, separate decode step", local_uri,
                       replace(cfg, decode_in_read_tasks=False, rows_per_block=128)),
