@@ -88,7 +88,10 @@ class PipelineConfig:
     rows_per_read_task: int = 2048  # a shard with more rows is read by several tasks (more CPUs on small data)
     rows_per_block: int = 64  # rows per decoded block (one object-store object, one unit of thread work)
     decode_threads: int = 2  # threads per read task (PIL decodes and resizes without the GIL)
-    decode_num_cpus: float = 1.0  # logical CPUs each read-and-decode task reserves
+    # Logical CPUs each read-and-decode task reserves. A task runs decode_threads threads on it: on a node
+    # where many tasks run side by side, lower decode_threads to 1 (or raise this) to match the cores. Each
+    # training stream (known, novel) needs this much free CPU beside the Ray Train workers.
+    decode_num_cpus: float = 1.0
     # False: read tasks cut shards into rows_per_block-row blocks and a separate map_batches step decodes them
     # (the previous design, kept for comparison: docs/benchmarks.md); datasets that do not come straight from
     # ``load_splits`` always take that path.
