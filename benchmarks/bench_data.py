@@ -66,7 +66,6 @@ from ncdlr.data.records import ClassInfo, ImageRecord  # noqa: E402
 from ncdlr.data.storage import S3Server  # noqa: E402
 
 
-
 def make_jpegs(root: Path, n: int, size: int, classes: int, seed: int) -> list[tuple[Path, int]]:
     """``n`` JPEGs of ``size`` px: a class colour, a smooth gradient, noise and a few bright rectangles."""
     from PIL import Image

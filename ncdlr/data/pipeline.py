@@ -314,9 +314,9 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
     read their shards in a new random order every epoch.
 
     ``rows_per_block``: each read task cuts its shard into blocks of about this many raw rows (Ray Data's
-    read output split, from the manifest's row counts); None leaves Ray's default block size. It does not
-    matter for ``with_train_views`` / ``with_eval_view``, which read these splits again with decoding inside
-    the read tasks (``PipelineConfig.rows_per_block`` sizes those blocks).
+    read output split, from the manifest's row counts); None leaves Ray's default block size. These are the
+    blocks a ``map_batches`` decode step gets (``PipelineConfig.decode_in_read_tasks=False``); by default
+    ``with_train_views`` / ``with_eval_view`` read the splits again with decoding inside the read tasks.
     """
     splits = list(split_names)
     if unknown := [s for s in splits if s not in SPLITS]:

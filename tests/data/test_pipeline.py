@@ -437,7 +437,9 @@ def test_decoding_in_read_tasks_gives_the_rows_a_map_step_gives(data_ray, tmp_pa
     def images(dataset) -> dict[str, np.ndarray]:
         return {str(r["source_id"]): r["image"] for r in dataset.iter_rows()}
 
-    fused, mapped = images(with_eval_view(raw, cfg)), images(with_eval_view(raw.limit(10**6), cfg))
+    fused_ds, mapped_ds = with_eval_view(raw, cfg), with_eval_view(raw.limit(10**6), cfg)
+    fused, mapped = images(fused_ds), images(mapped_ds)
+    assert "ReadAndDecodeShards" in fused_ds.stats() and "MapBatches(EvalView)" in mapped_ds.stats()
     assert len(fused) == 14 and fused.keys() == mapped.keys()
     assert all(np.array_equal(fused[k], mapped[k]) for k in fused)
 
