@@ -23,8 +23,9 @@ blocks in flight (``limit_memory``, ``train_data_config``). Raw image bytes neve
 Training views travel as uint8 crops (0.3 MB per 224 px image pair instead of 1.2 MB as float32) and are
 normalised on the consumer (``to_torch``); see docs/benchmarks.md, "Data pipeline", for the measurements.
 
-Shuffling without a global shuffle: rows are permuted within each shard when it is written, training
-splits read their shards in a new order every epoch (``cfg.shuffle``), and ``PairedBatches`` can mix rows
+Shuffling without a global shuffle: rows are permuted within each shard when it is written; training
+splits (``cfg.shuffle``) read their shard pieces in a new order every epoch and, when their read tasks decode,
+the rows of each row group in a new order too (``shuffled_rows``); and ``PairedBatches`` can mix rows
 further in a local buffer on the worker (``local_shuffle_buffer_size``, memory ≈ rows · 2 · 3·H·W B: the
 buffer holds the uint8 views, normalised only as batches leave it).
 
@@ -98,7 +99,7 @@ class PipelineConfig:
     decode_in_read_tasks: bool = True
     decode_batch_size: int = 32  # rows per map_batches call (the map_batches path only)
     prefetch_batches: int = 2  # batches each worker prefetches per stream
-    shuffle: bool = True  # training splits: shard order shuffled every epoch (rows are shuffled within shards)
+    shuffle: bool = True  # training splits: new shard-piece order and row order within row groups every epoch
     object_store_limit_bytes: int | None = 512 * 1024**2  # Ray Data blocks in flight per dataset; None = Ray's default
     verify: str = "size"  # shard check on load: "none" | "size" (size + row count) | "checksum" (SHA-256)
     augment_seed: int | None = None  # None: fresh entropy per batch; int: reproducible views (tests)
@@ -215,7 +216,7 @@ class ShardDatasource(Datasource):
     many rows of a file (a small dataset then still spreads over several CPUs). With ``decode`` the read
     tasks also decode (``decoded_blocks``): raw rows never cross the object store and no separate map step
     waits to be scheduled. With ``shuffle`` the tasks are handed out in a new random order each time Ray
-    plans an execution (each epoch)."""
+    plans an execution (each epoch), and decoding tasks also permute the rows of each row group afresh."""
 
     def __init__(self, fs: pafs.FileSystem, paths: Sequence[str], *, rows: Sequence[int] | None = None,
                  sizes: Sequence[int] | None = None, columns: Sequence[str] | None = None, split: str | None = None,
@@ -277,13 +278,21 @@ class ShardDatasource(Datasource):
             read = functools.partial(_read_tables, self.fs, [p for p, _, _ in chosen], self.columns, self.split,
                                      per_task_row_limit)
             if self.decode is not None:
-                read = functools.partial(_read_and_decode, read, self.decode)
+                read = functools.partial(_read_and_decode, read, self.decode, self.shuffle)
             tasks.append(ReadTask(read, metadata))
         return tasks
 
 
-def _read_and_decode(read: Callable[[], Iterator[pa.Table]], decode: DecodeSpec) -> Iterator[Any]:
-    return decoded_blocks(read(), decode)
+def shuffled_rows(tables: Iterable[pa.Table], rng: np.random.Generator) -> Iterator[pa.Table]:
+    """Each table with its rows in a random order drawn from ``rng`` (one row group at a time: a copy of its
+    raw bytes, small next to decoding it)."""
+    for table in tables:
+        yield table.take(rng.permutation(table.num_rows))
+
+
+def _read_and_decode(read: Callable[[], Iterator[pa.Table]], decode: DecodeSpec, shuffle: bool) -> Iterator[Any]:
+    tables = read()
+    return decoded_blocks(shuffled_rows(tables, np.random.default_rng()) if shuffle else tables, decode)
 
 
 def _verify(uri: str, manifest: Manifest, splits: Sequence[str], mode: str, endpoint_url: str | None) -> None:

@@ -24,6 +24,7 @@ from ncdlr.data.pipeline import (
     _read_tables,
     build_datasets,
     decoded_blocks,
+    shuffled_rows,
     load_feature_table,
     load_splits,
     to_torch,
@@ -308,6 +309,13 @@ def test_decoded_blocks_keep_row_order_and_match_one_serial_call_per_block() -> 
     assert np.array_equal(got["view1"], expected["view1"]) and np.array_equal(got["view2"], expected["view2"])
 
 
+def test_shuffled_rows_permutes_each_table_on_its_own() -> None:
+    tables = [pa.table({"n": pa.array(range(lo, lo + 50), pa.int64())}) for lo in (0, 100)]
+    out = [t.column("n").to_pylist() for t in shuffled_rows(iter(tables), np.random.default_rng(0))]
+    assert sorted(out[0]) == list(range(50)) and sorted(out[1]) == list(range(100, 150))
+    assert out[0] != list(range(50)) and out[1] != list(range(100, 150))
+
+
 def test_a_failing_transform_stops_the_read_and_cancels_the_queued_blocks() -> None:
     calls = []
 
@@ -442,6 +450,19 @@ def test_decoding_in_read_tasks_gives_the_rows_a_map_step_gives(data_ray, tmp_pa
     assert "ReadAndDecodeShards" in fused_ds.stats() and "MapBatches(EvalView)" in mapped_ds.stats()
     assert len(fused) == 14 and fused.keys() == mapped.keys()
     assert all(np.array_equal(fused[k], mapped[k]) for k in fused)
+
+
+@pytest.mark.slow
+def test_decoded_training_splits_see_their_rows_in_a_new_order_every_epoch(data_ray, tmp_path: Path) -> None:
+    """One shard (so shard order cannot change it): the rows of its row groups are permuted afresh per epoch
+    when ``cfg.shuffle`` is on, and keep the written order when it is off; every epoch is one full pass."""
+    write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)  # known: 18 rows in one shard
+    for shuffle in (True, False):
+        cfg = PipelineConfig(image_size=SIZE, rows_per_block=4, shuffle=shuffle)
+        known = build_datasets(str(tmp_path / "ds"), cfg, train_splits=("known",), eval_splits=())["known"]
+        orders = [tuple(r["source_id"] for r in known.iter_rows()) for _ in range(3)]
+        assert all(sorted(o) == sorted(orders[0]) and len(o) == 18 for o in orders)
+        assert (len(set(orders)) > 1) == shuffle, f"shuffle={shuffle}: orders {orders}"
 
 
 @pytest.mark.slow
