@@ -148,17 +148,15 @@ def _read_tables(fs: pafs.FileSystem, pieces: Sequence[Piece], columns: list[str
     for path, first, end in pieces:
         with fs.open_input_file(path) as source:
             parquet = pq.ParquetFile(source)
-            group_start = 0
+            group_end = 0
             for group in range(parquet.num_row_groups):
-                group_rows = parquet.metadata.row_group(group).num_rows
-                lo = max(first, group_start)
-                hi = group_start + group_rows if end is None else min(end, group_start + group_rows)
-                group_start += group_rows
+                group_first, group_end = group_end, group_end + parquet.metadata.row_group(group).num_rows
+                lo, hi = max(first, group_first), group_end if end is None else min(end, group_end)
                 if lo >= hi:
                     continue
                 table = parquet.read_row_group(group, columns=columns)
-                if hi - lo < group_rows:
-                    table = table.slice(lo - (group_start - group_rows), hi - lo)
+                if (lo, hi) != (group_first, group_end):
+                    table = table.slice(lo - group_first, hi - lo)
                 if split is not None:
                     table = table.filter(pc.field("split") == split)
                 if row_limit is not None:
@@ -177,8 +175,8 @@ class DecodeSpec:
     ``decode_pool``."""
 
     transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-    rows_per_block: int = 64
-    threads: int = 2
+    rows_per_block: int
+    threads: int
 
 
 def _decode_block(transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], table: pa.Table) -> Any:
