@@ -51,9 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ncdlr.data.transforms import normalise_chw, normalise_chw_torch  # noqa: E402
 from ncdlr.models import build_model  # noqa: E402
-from ncdlr.ot import AdaptiveSelfLabeler  # noqa: E402
+from ncdlr.labeler import AdaptiveSelfLabeler  # noqa: E402
 from ncdlr.service.config import Config  # noqa: E402
-from ncdlr.service.train_loop import LocalBuffer, PairedBatch, build_worker_state, train_step  # noqa: E402
+from ncdlr.service.local import local_state  # noqa: E402
+from ncdlr.service.train_loop import PairedBatch, train_step  # noqa: E402
 
 DATASHEET_BF16_TFLOPS = 989.0  # H100/H200 SXM, dense bf16 (vendor datasheet)
 
@@ -131,23 +132,22 @@ def train_step_numbers(sizes: Sizes, device: torch.device, batch: int, trainable
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no pre-trained weights": random weights time the same
         model = build_model(cfg.model, sizes.known, sizes.novel, image_size=sizes.image)
-    state = build_worker_state(cfg, model, 1000, device)
-    buffer = LocalBuffer(sizes.buffer, sizes.novel, device)
+    state = local_state(cfg, model, 1000, device)  # with the buffer (J = cfg.labeler.buffer_size) on the device
     views = torch.randn(4, batch, 3, sizes.image, sizes.image, device=device)
     batch_obj = PairedBatch(views[0], views[1], torch.randint(0, sizes.known, (batch,), device=device),
                             torch.ones(batch, dtype=torch.bool, device=device), views[2], views[3],
                             torch.ones(batch, dtype=torch.bool, device=device))
     for _ in range(sizes.warmup):
-        train_step(state, batch_obj, cfg, buffer)
+        train_step(state, batch_obj, cfg.optim)
     stats = []
     sync(device)
     start = time.perf_counter()
     for _ in range(sizes.steps):
-        stats.append(train_step(state, batch_obj, cfg, buffer))
+        stats.append(train_step(state, batch_obj, cfg.optim))
     sync(device)
     elapsed = time.perf_counter() - start
     with FlopCounterMode(display=False) as counter:
-        train_step(state, batch_obj, cfg, buffer)
+        train_step(state, batch_obj, cfg.optim)
     flops = counter.get_total_flops()
     step_s = elapsed / sizes.steps
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

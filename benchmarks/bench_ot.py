@@ -4,8 +4,9 @@ Problem: N = 2048 buffer rows + 128 batch rows, Ku = 1000 novel clusters, L = 10
 T = 3 Sinkhorn iterations and one SGD step on t, ε = 0.05, float32 (method.md §4).
 
 Contenders (same arithmetic, measured in the same run):
-  ours   — ncdlr.ot.AdaptiveSelfLabeler: kernel rescaled once per call (one exp pass), matvec Sinkhorn,
-           dF/dt in forward mode (the tangent rides along each Sinkhorn update; no autograd graph).
+  ours   — ncdlr.labeler.AdaptiveSelfLabeler: kernel rescaled once per call (ncdlr.ot.ScaledKernel, one exp pass),
+           matvec Sinkhorn, dF/dt in forward mode (ncdlr.labeler_fast: the tangent rides along each Sinkhorn
+           update; no autograd graph).
   ours, autograd dF/dt — the same labeler with ``forward_mode = False``: reverse-mode autograd through the
            T iterations (the previous implementation), to show what the forward mode buys.
   plain  — log-domain Sinkhorn (ncdlr.ot.sinkhorn, logsumexp passes) with autograd, L times per step.
@@ -26,7 +27,9 @@ import numpy as np
 import ot
 import torch
 
-from ncdlr.ot import AdaptiveSelfLabeler, cluster_prior, kl_from_uniform, rank_by_mass, sinkhorn
+from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.ot import sinkhorn
+from ncdlr.priors import cluster_prior, kl_from_uniform, rank_by_mass
 
 N, K, L, T, EPS, GAMMA, LR = 2048 + 128, 1000, 10, 3, 0.05, 500.0, 0.1
 

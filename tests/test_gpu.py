@@ -12,11 +12,13 @@ import copy
 import pytest
 import torch
 
-from ncdlr.buffer import LogitBuffer
+from ncdlr.buffer import LocalBuffer, LogitBuffer
+from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.methods.discovery import Discovery
 from ncdlr.models import build_model
-from ncdlr.ot import AdaptiveSelfLabeler
 from ncdlr.service.config import Config
-from ncdlr.service.train_loop import LocalBuffer, PairedBatch, build_worker_state, pseudo_labels, train_step
+from ncdlr.service.local import local_state
+from ncdlr.service.train_loop import PairedBatch, train_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -73,17 +75,17 @@ def test_train_step_on_cuda_with_amp(method):
     if method != "ncdlr":  # the baselines learn their prototypes and use no buffer
         cfg.model.prototypes, cfg.labeler.use_buffer = "learnable", False
     torch.manual_seed(0)
-    state = build_worker_state(cfg, build_model(cfg.model, 5, 6, image_size=32), 10, CUDA)
-    buffer = LocalBuffer(cfg.labeler.buffer_size, 6, CUDA) if cfg.labeler.use_buffer else None
+    state = local_state(cfg, build_model(cfg.model, 5, 6, image_size=32), 10, CUDA)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         views = [torch.randn(8, 3, 32, 32, generator=g) for _ in range(4)]
         batch = PairedBatch(views[0], views[1], torch.randint(0, 5, (8,), generator=g), torch.ones(8, dtype=torch.bool),
                             views[2], views[3], torch.ones(8, dtype=torch.bool))
-        stats = train_step(state, batch, cfg, buffer)
+        stats = train_step(state, batch, cfg.optim)
         assert all(torch.isfinite(torch.tensor(stats[k])) for k in ("loss", "loss_s", "loss_u", "tau"))
-    if buffer is not None:
-        assert buffer.buffer.rows.device.type == "cuda" and len(buffer.buffer) == cfg.labeler.buffer_size
+    if cfg.labeler.use_buffer:
+        rows = state.method.discovery.buffer.buffer
+        assert rows.rows.device.type == "cuda" and len(rows) == cfg.labeler.buffer_size
     assert state.step == 3
 
 
@@ -109,23 +111,23 @@ def test_uint8_views_normalised_on_cuda_give_the_host_normalised_step():
     for batch in (PairedBatch(pixels[0], pixels[1], labels, valid, pixels[2], pixels[3], valid, scaling="imagenet"),
                   PairedBatch(floats[0], floats[1], labels, valid, floats[2], floats[3], valid)):
         torch.manual_seed(0)
-        state = build_worker_state(cfg, build_model(cfg.model, 5, 6, image_size=32), 10, CUDA)
-        losses.append(train_step(state, batch, cfg, LocalBuffer(cfg.labeler.buffer_size, 6, CUDA))["loss"])
+        state = local_state(cfg, build_model(cfg.model, 5, 6, image_size=32), 10, CUDA)
+        losses.append(train_step(state, batch, cfg.optim)["loss"])
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
-def test_pseudo_labels_on_cuda_match_cpu():
-    """The GPU path (rows and buffer on the device, invalid rows dropped) gives the CPU path's soft labels."""
+def test_discovery_step_on_cuda_matches_cpu():
+    """The GPU path of the discovery step (rows and buffer on the device, invalid rows dropped) gives the CPU
+    path's soft labels."""
     s = scores(n=2 * 16, k=6, seed=3).view(2, 16, 6)
     valid = torch.ones(16, dtype=torch.bool)
     valid[[2, 9]] = False
     labeler = AdaptiveSelfLabeler(6, gamma=2.0)
     out = {}
     for device in ("cpu", "cuda"):
-        lab = copy.deepcopy(labeler).to(device)
-        buffer = LocalBuffer(64, 6, device)
+        discovery = Discovery(copy.deepcopy(labeler).to(device), LocalBuffer(64, 6, device))
         for step in range(3):
-            q, _ = pseudo_labels((s + 0.01 * step).to(device), valid.to(device), lab, buffer, step, rank=0)
+            q, _ = discovery((s + 0.01 * step).to(device), valid.to(device), step)
         out[device] = q.cpu()
     torch.testing.assert_close(out["cuda"], out["cpu"], rtol=1e-3, atol=1e-4)
     assert (out["cuda"][:, ~valid] == 0).all()
@@ -161,8 +163,8 @@ def test_cuda_graph_path_refuses_non_finite_scores_before_touching_t():
     s = scores().to(CUDA)
     labeler(s)
     labeler(s)  # the second call runs the captured graph
-    t_before = float(labeler.t.detach())
+    t_before = float(labeler.prior.t.detach())
     s[3, 4] = float("nan")
     with pytest.raises(ValueError, match="finite"):
         labeler(s)
-    assert float(labeler.t.detach()) == t_before
+    assert float(labeler.prior.t.detach()) == t_before

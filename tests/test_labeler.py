@@ -1,11 +1,17 @@
-"""Adaptive self-labeler: gradient, τ dynamics, priors, and pseudo-label quality (method.md §4.3-4.6)."""
+"""Adaptive self-labeler: gradient, τ dynamics, priors, pseudo-label quality (method.md §4.3-4.6), and its fast
+path (``ncdlr.labeler_fast``) equal to the reference path."""
+
+from dataclasses import fields
 
 import pytest
 import torch
 
 from ncdlr.data.longtail import long_tail_counts
 from ncdlr.metrics import cluster_accuracy
-from ncdlr.ot import AdaptiveSelfLabeler, ScaledKernel, bounded_cluster_prior, cluster_prior, rank_by_mass
+from ncdlr import labeler_fast
+from ncdlr.labeler import AdaptiveSelfLabeler, LabelerConfig
+from ncdlr.ot import ScaledKernel
+from ncdlr.priors import bounded_cluster_prior, cluster_prior, rank_by_mass
 from ncdlr.prototypes import simplex_etf
 
 
@@ -35,6 +41,12 @@ def size_kl(q, sizes) -> float:
     true = sizes / sizes.sum()
     cols = torch.sort(q.sum(0) / q.sum(), descending=True).values
     return float((true * torch.log(true / cols)).sum())
+
+
+def forward_mode(labeler: AdaptiveSelfLabeler, kernel: ScaledKernel, rank: torch.Tensor, **kwargs):
+    """``(F, dF/dt, ṽ, w)`` of the labeler's scalar prior by the fast path's forward mode."""
+    return labeler_fast.objective_and_derivative(labeler.prior, kernel, rank, gamma=labeler.gamma,
+                                                 n_iters=labeler.n_iters, **kwargs)
 
 
 def test_output_rows_are_detached_distributions():
@@ -141,6 +153,24 @@ def test_bad_configuration_is_a_clear_error(kwargs, message):
         AdaptiveSelfLabeler(20, **kwargs)
 
 
+def test_from_config_takes_every_labeler_field_of_the_config():
+    cfg = LabelerConfig(prior="anchored", eps=0.02, n_iters=5, outer_steps=7, gamma=3.0, lr=0.05, momentum=0.9,
+                        init_t=0.5, buffer_size=64, use_buffer=False, max_imbalance=12.0)
+    labeler = AdaptiveSelfLabeler.from_config(cfg, 20)
+    optimiser = labeler._optimizer.param_groups[0]
+    taken = {"prior": labeler.prior.kind == "anchored", "eps": labeler.eps == 0.02, "n_iters": labeler.n_iters == 5,
+             "outer_steps": labeler.outer_steps == 7, "gamma": labeler.gamma == 3.0, "lr": optimiser["lr"] == 0.05,
+             "momentum": optimiser["momentum"] == 0.9, "init_t": float(labeler.prior.t.detach()) == 0.5,
+             "max_imbalance": float(labeler.prior.anchor[0] / labeler.prior.anchor[-1]) == pytest.approx(12.0)}
+    assert all(taken.values()), taken
+    labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer"}  # the discovery step's
+    assert set(taken) == labeler_fields
+    assert AdaptiveSelfLabeler.from_config(LabelerConfig(), 20).prior.kind == "adaptive"  # max_imbalance 0 = none
+    sizes = torch.arange(1.0, 21.0)
+    fixed = AdaptiveSelfLabeler.from_config(LabelerConfig(prior="fixed"), 20, fixed_prior=sizes)
+    assert fixed.imbalance_factor == pytest.approx(20.0)
+
+
 def test_wrong_number_of_clusters_in_scores_is_a_clear_error():
     with pytest.raises(ValueError, match=r"expected scores \[N, 20\]"):
         AdaptiveSelfLabeler(20)(torch.zeros(5, 19))
@@ -171,12 +201,12 @@ def test_forward_mode_derivative_equals_autograd(prior, extra, eps, n_iters):
     rank = rank_by_mass(kernel.log_mass)
     labeler = AdaptiveSelfLabeler(20, prior=prior, eps=eps, n_iters=n_iters, gamma=4.0, **extra)
     if prior == "anchored":
-        labeler.anchor = labeler.anchor.double()  # both paths then take log(anchor) in float64
+        labeler.prior.anchor = labeler.prior.anchor.double()  # both paths then take log(anchor) in float64
     for t in (-1.5, 0.0, 0.7, 2.5):
         with torch.no_grad():
-            labeler.t.fill_(t)
-        value, derivative, v, w = labeler.objective_and_derivative(kernel, rank)
-        reference = labeler.t.detach().double().requires_grad_(True)  # the autograd objective at a float64 t
+            labeler.prior.t.fill_(t)
+        value, derivative, v, w = forward_mode(labeler, kernel, rank)
+        reference = labeler.prior.t.detach().double().requires_grad_(True)  # the autograd objective at a float64 t
         ranked = (bounded_cluster_prior(reference, 20, extra["max_imbalance"]) if prior == "bounded"
                   else cluster_prior(reference, 20))
         ref_value, ref_v = labeler.objective(kernel, ranked[rank])
@@ -185,7 +215,7 @@ def test_forward_mode_derivative_equals_autograd(prior, extra, eps, n_iters):
         assert float(derivative) == pytest.approx(float(ref_grad), rel=1e-9, abs=1e-13)
         torch.testing.assert_close(v, ref_v.detach(), rtol=1e-12, atol=0)
         assert float(ref_grad) != 0.0
-        skipped, same_derivative, same_v, _ = labeler.objective_and_derivative(kernel, rank, with_value=False)
+        skipped, same_derivative, same_v, _ = forward_mode(labeler, kernel, rank, with_value=False)
         assert skipped is None  # the alternations before the last skip F; dF/dt is the same computation
         assert torch.equal(same_derivative, derivative) and torch.equal(same_v, v)
 
@@ -217,10 +247,8 @@ def test_forward_mode_labeler_follows_the_autograd_labeler(prior, extra):
 def test_pair_products_are_the_same_in_either_layout(threads, max_bytes, narrow, monkeypatch):
     """The narrow layout (``[a; b] @ Mᵀ``: one thread, small M) and the wide one (``M @ [a, b]``: several threads,
     or M past the size bound) compute the same products."""
-    from ncdlr import ot
-
     if max_bytes is not None:
-        monkeypatch.setattr(ot, "_NARROW_LAYOUT_MAX_BYTES", max_bytes)
+        monkeypatch.setattr(labeler_fast, "_NARROW_LAYOUT_MAX_BYTES", max_bytes)
     gen = torch.Generator().manual_seed(0)
     matrix = torch.rand(300, 40, generator=gen, dtype=torch.float64)
     a, b = torch.rand(40, generator=gen, dtype=torch.float64), torch.rand(40, generator=gen, dtype=torch.float64)
@@ -228,10 +256,22 @@ def test_pair_products_are_the_same_in_either_layout(threads, max_bytes, narrow,
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert ot._narrow_layout(matrix) is narrow  # the case under test takes the intended path
-        ma, mb = ot._matrix_times_pair(matrix, a, b)
-        xm, ym = ot._pair_times_matrix(x, y, matrix)
+        assert labeler_fast._narrow_layout(matrix) is narrow  # the case under test takes the intended path
+        ma, mb = labeler_fast._matrix_times_pair(matrix, a, b)
+        xm, ym = labeler_fast._pair_times_matrix(x, y, matrix)
     finally:
         torch.set_num_threads(before)
     for got, want in ((ma, matrix @ a), (mb, matrix @ b), (xm, x @ matrix), (ym, y @ matrix)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+def test_a_labeler_state_saved_before_the_priors_became_modules_still_loads():
+    """Checkpoints of earlier runs hold ``t`` (and ``anchor``/``logits``/``ranked_prior``) at the top level."""
+    scores = torch.randn(64, 5, generator=torch.Generator().manual_seed(0))
+    trained = AdaptiveSelfLabeler(5, gamma=2.0)
+    trained(scores)
+    legacy = {("t" if key == "prior.t" else key): value for key, value in trained.state_dict().items()}
+    restored = AdaptiveSelfLabeler(5, gamma=2.0)
+    restored.load_state_dict(legacy)
+    assert torch.equal(restored.prior.t, trained.prior.t)
+    assert torch.equal(restored(scores), trained(scores))

@@ -1,4 +1,4 @@
-"""Sinkhorn solvers: POT agreement, marginals, stability at small ε, the fast path (method.md §4.2)."""
+"""Sinkhorn solvers: POT agreement, marginals, stability at small ε, the rescaled-kernel solver (method.md §4.2)."""
 
 import warnings
 
@@ -7,7 +7,7 @@ import ot
 import pytest
 import torch
 
-from ncdlr.ot import ScaledKernel, cluster_prior, kl_from_uniform, rank_by_mass, sinkhorn
+from ncdlr.ot import ScaledKernel, sinkhorn
 
 
 def _problem(seed: int, n: int = 40, k: int = 9, dtype=torch.float64):
@@ -84,22 +84,3 @@ def test_scaled_kernel_float32_at_eps_001_matches_float64():
     assert torch.isfinite(fast).all()
     reference = sinkhorn(scores.double(), marginal.double(), 0.01, 3)
     torch.testing.assert_close(fast.double(), reference, atol=1e-4, rtol=0)
-
-
-def test_cluster_prior_is_a_descending_distribution_with_ratio_tau():
-    for t in (-3.0, 0.0, 2.5):
-        w = cluster_prior(torch.tensor(t, dtype=torch.float64), 25)
-        torch.testing.assert_close(w.sum(), torch.tensor(1.0, dtype=torch.float64))
-        assert (w[1:] <= w[:-1]).all()
-        torch.testing.assert_close(w[0] / w[-1], torch.tensor(1 + np.exp(t), dtype=torch.float64))
-
-
-def test_cluster_prior_tends_to_uniform_as_t_goes_to_minus_infinity():
-    w = cluster_prior(torch.tensor(-60.0), 10)
-    torch.testing.assert_close(w, torch.full((10,), 0.1))
-    assert float(kl_from_uniform(w)) == pytest.approx(0.0, abs=1e-6)
-
-
-def test_rank_by_mass_gives_rank_zero_to_the_largest_cluster():
-    rank = rank_by_mass(torch.tensor([0.5, 3.0, -1.0, 2.0]))
-    assert rank.tolist() == [2, 0, 3, 1]

@@ -1,0 +1,189 @@
+"""Adaptive self-labeling (method.md §4): what the labeler solves — the objective, its priors and the alternations.
+
+Notation: ``S ∈ [-1, 1]^{N×K}`` novel logits (cosines to the novel prototypes), ``ε`` the entropic
+regularisation, ``T`` Sinkhorn iterations, ``L`` outer alternations, ``w`` the cluster-size marginal
+(:mod:`ncdlr.priors`), ``τ`` its imbalance factor, ``γ`` the divergence weight.
+
+The reference path here is plain autograd through :meth:`AdaptiveSelfLabeler.objective`; for the scalar priors
+:meth:`AdaptiveSelfLabeler.forward` takes the fast path of :mod:`ncdlr.labeler_fast` (forward-mode ``dF/dt``,
+SGD in tensor ops, CUDA-graph replay), tested equal to it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ncdlr import labeler_fast
+from ncdlr.ot import ScaledKernel
+from ncdlr.priors import PriorKind, ScalarPrior, build_prior, rank_by_mass
+
+
+@dataclass
+class LabelerConfig:
+    """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
+
+    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" (ORACLE ablation: the true novel training counts) | "free" | "bounded" (τ ≤ max_imbalance) | "anchored" (KL to w(max_imbalance))
+    eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
+    n_iters: int = 3  #: T, Sinkhorn iterations per solve
+    outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
+    gamma: float = 500.0  #: γ, weight of KL(ν‖w)/Ku; tune per Ku (method.md §4 trap a)
+    lr: float = 0.1  #: SGD learning rate of t
+    momentum: float = 0.99  #: SGD momentum of t
+    init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
+    buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
+    use_buffer: bool = True  #: off → solve on the current gathered batch only
+    max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
+
+
+class AdaptiveSelfLabeler(nn.Module):
+    """Adaptive self-labeling: relaxed OT with a learned cluster-size marginal (method.md §4).
+
+    Each call solves, for the given scores, ``L`` alternations of (a) truncated Sinkhorn for
+    ``Y(w)`` (:class:`~ncdlr.ot.ScaledKernel`) with the graph kept through the ``T`` iterations and (b) one
+    optimiser step on the prior's parameters for
+
+        ``F(w) = -mean_i Σ_k Y_ik S_ik / Σ_k Y_ik + γ · D(w) / K``,
+
+    ``D`` the prior's divergence: ``KL(ν ‖ w)`` with ``ν`` uniform, or ``KL(w(τ̂) ‖ w)`` for ``anchored``.
+    ``γ`` keeps this ``/K`` scaling (the paper's γ = 500 was tuned with it); its strength therefore
+    grows as K shrinks — small-K problems need a small γ (method.md §4, trap a). ``γ → ∞`` gives the
+    uniform prior (UNO's balanced Sinkhorn).
+
+    ``prior`` names one of :data:`ncdlr.priors.PRIORS` (``adaptive`` | ``uniform`` | ``fixed`` | ``free`` |
+    ``bounded`` | ``anchored``), built with ``init_t``, ``fixed_prior`` and ``max_imbalance``; the module is
+    ``self.prior``. The learned parameter and its SGD state persist across calls and are part of
+    ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
+    gathered problem stay in lock-step.
+    """
+
+    def __init__(
+        self,
+        num_clusters: int,
+        prior: PriorKind = "adaptive",
+        eps: float = 0.05,
+        n_iters: int = 3,
+        outer_steps: int = 10,
+        gamma: float = 500.0,
+        lr: float = 0.1,
+        momentum: float = 0.99,
+        grad_clip: float = 1.0,
+        init_t: float = 0.0,
+        fixed_prior: Tensor | None = None,
+        max_imbalance: float | None = None,
+    ) -> None:
+        super().__init__()
+        if num_clusters < 1:
+            raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+        self.prior = build_prior(prior, num_clusters, init_t=init_t, fixed_prior=fixed_prior,
+                                 max_imbalance=max_imbalance)
+        if eps <= 0 or n_iters < 1 or outer_steps < 1 or gamma < 0:
+            raise ValueError(f"need eps > 0, n_iters >= 1, outer_steps >= 1, gamma >= 0; got {eps}, {n_iters}, {outer_steps}, {gamma}")
+        self.num_clusters = num_clusters
+        self.eps = eps
+        self.n_iters = n_iters
+        self.outer_steps = outer_steps
+        self.gamma = gamma
+        self.grad_clip = grad_clip
+        self.forward_mode = True  # scalar priors: dF/dt by forward mode; False → autograd through objective()
+        self.cuda_graphs = True  # scalar priors on CUDA, from the 2nd call (momentum exists): one graph replay per call
+        self._graphs = labeler_fast.CapturedCalls()
+        self._optimizer = torch.optim.SGD(self.prior.parameters(), lr=lr, momentum=momentum) if self.prior.learns else None
+        self.last_prior: Tensor = torch.full((num_clusters,), 1.0 / num_clusters)
+        self.last_objective: float = float("nan")
+
+    @classmethod
+    def from_config(cls, cfg: LabelerConfig, num_clusters: int, fixed_prior: Tensor | None = None) -> AdaptiveSelfLabeler:
+        """The labeler of a run's ``labeler`` config section for ``K = num_clusters`` (``fixed_prior`` ``[K]``: the
+        true sizes, for ``prior="fixed"`` only; ``max_imbalance = 0`` means none)."""
+        return cls(num_clusters, prior=cfg.prior, eps=cfg.eps, n_iters=cfg.n_iters, outer_steps=cfg.outer_steps,
+                   gamma=cfg.gamma, lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
+                   max_imbalance=cfg.max_imbalance or None)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def imbalance_factor(self) -> float:
+        """``τ = w_max / w_min`` of the current prior (``1 + exp(t)`` for ``adaptive``)."""
+        return self.prior.imbalance_factor(self.last_prior)
+
+    def get_extra_state(self) -> dict:
+        return {"optimizer": self._optimizer.state_dict() if self._optimizer else {}}
+
+    def set_extra_state(self, state: dict) -> None:
+        self._graphs.clear()  # captured graphs point at the momentum tensor that is replaced here
+        if self._optimizer is not None and state.get("optimizer"):
+            self._optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never alias the source's momentum
+
+    _RENAMED = {"t": "prior.t", "anchor": "prior.anchor", "logits": "prior.logits", "ranked_prior": "prior.ranked"}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Checkpoints written before the priors became modules keep loading: their keys are renamed."""
+        for old, new in self._RENAMED.items():
+            if prefix + old in state_dict and prefix + new not in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_graphs"] = labeler_fast.CapturedCalls()  # CUDA graphs are neither copyable nor picklable
+        return state
+
+    # -- what is solved ----------------------------------------------------------------------
+    def objective(self, kernel: ScaledKernel, col_marginal: Tensor) -> tuple[Tensor, Tensor]:
+        """``F(w)`` (0-d) for the prepared kernel and the marginal ``w [K]`` in cluster order; also returns the
+        column potential ``ṽ [K]``. Differentiable in ``w``."""
+        v = kernel.column_scaling(col_marginal, self.n_iters)
+        divergence = self.prior.divergence(col_marginal)
+        value = -kernel.transport_gain(v) + self.gamma * divergence / self.num_clusters
+        return value, v
+
+    def forward(self, scores: Tensor, last: int | None = None) -> Tensor:
+        """Soft pseudo-labels for ``scores [N, K]`` (detached, float32, rows sum to 1).
+
+        The transport problem is always solved over all ``N`` rows (buffer history + current batch);
+        ``last`` returns only the labels of the last ``last`` rows (the current batch), ``[last, K]``,
+        saving one ``[N, K]`` pass. Updates the learned prior in place (``L`` optimiser steps) unless
+        the prior is fixed/uniform.
+        """
+        if scores.ndim != 2 or scores.shape[1] != self.num_clusters:
+            raise ValueError(f"expected scores [N, {self.num_clusters}], got {tuple(scores.shape)}")
+        if scores.shape[0] == 0:
+            raise ValueError("scores must have at least one row")
+        fast = self._optimizer is not None and isinstance(self.prior, ScalarPrior) and self.forward_mode
+        if (fast and scores.is_cuda and self.cuda_graphs
+                and labeler_fast.momentum_buffer(self._optimizer, self.prior.t) is not None):
+            if not torch.isfinite(scores).all():  # checked before the replay, which updates t
+                raise ValueError("scores must be finite (NaN or inf found)")
+            labels, value, w = self._graphs(self, scores, last)
+            labels, w = labels.clone(), w.clone()  # the graph's outputs are overwritten by its next replay
+        else:
+            kernel = ScaledKernel.from_scores(scores.float(), self.eps)
+            if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
+                raise ValueError("scores must be finite (NaN or inf found)")
+            labels, value, w = labeler_fast.solve_scalar(self, kernel, last) if fast else self._solve_autograd(kernel, last)
+        self.last_prior = w
+        self.last_objective = float(value)
+        return labels
+
+    def _solve_autograd(self, kernel: ScaledKernel, last: int | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The reference path (any prior): autograd through :meth:`objective` and the torch optimiser.
+
+        Returns detached (labels ``[N or last, K]``, ``F``, ``w [K]``) like :func:`ncdlr.labeler_fast.solve_scalar`.
+        """
+        rank_of_cluster = rank_by_mass(kernel.log_mass)
+        with torch.enable_grad():
+            if self._optimizer is None:
+                w = self.prior.marginal(rank_of_cluster)
+                value, v = self.objective(kernel, w)
+            else:
+                for _ in range(self.outer_steps):
+                    w = self.prior.marginal(rank_of_cluster)
+                    value, v = self.objective(kernel, w)
+                    self._optimizer.zero_grad(set_to_none=True)
+                    value.backward()
+                    torch.nn.utils.clip_grad_norm_(self.parameters(), self.grad_clip)
+                    self._optimizer.step()
+        return kernel.rows(v.detach(), last).detach(), value.detach(), w.detach()
