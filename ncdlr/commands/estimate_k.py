@@ -36,16 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ncdlr.data.storage import StorageError
 from ncdlr.estimate_k import EstimateKConfig, EstimateKResult, KnownClusterScorer, estimate_num_novel
 
 NAME = "estimate-k"
 HELP = "estimate the number of novel classes Ku (Ward clustering + bisection on the known-class accuracy)"
-
-REQUIRED_COLUMNS = ("embedding", "label", "split")
-
-
-class FeatureTableError(ValueError):
-    """A feature table that cannot be used; the message names the table and the problem."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,55 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='print one JSON object as the last line: {"num_novel", "num_known", "score", "seconds", ...}')
 
 
-def read_feature_table(uri: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read the known and novel rows of a parquet feature table.
+def _training_rows(uri: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``features [N, D]``, ``labels [N]``, ``labeled [N]`` of the known + novel rows of a feature table
+    (every check of :func:`ncdlr.data.features.read_feature_table`; val/test rows are not read)."""
+    from ncdlr.data.features import read_feature_table
 
-    Returns:
-        ``features [N, D]`` float32, ``labels [N]`` int64, ``labeled_mask [N]`` bool (True for split known).
-
-    Raises:
-        FeatureTableError naming ``uri`` for a missing table or column, ragged or non-finite embeddings,
-        or a table without known or novel rows. Storage errors come from ``ncdlr.data.storage``.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-
-    from ncdlr.data.storage import resolve
-
-    filesystem, path = resolve(uri)
-    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
-        raise FeatureTableError(f"{uri}: feature table not found")
-    table = pq.read_table(path, filesystem=filesystem)
-    schema_names = table.schema.names
-    missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
-    if missing:
-        raise FeatureTableError(f"{uri}: feature table lacks column(s) {', '.join(missing)} "
-                                f"(has {', '.join(schema_names)})")
-    split = table.column("split").cast(pa.string())
-    table = table.filter(pc.is_in(split, value_set=pa.array(["known", "novel"])))
-    if table.num_rows == 0:
-        raise FeatureTableError(f"{uri}: no rows with split 'known' or 'novel'")
-    embedding = table.column("embedding").combine_chunks()
-    if not (pa.types.is_list(embedding.type) or pa.types.is_large_list(embedding.type)
-            or pa.types.is_fixed_size_list(embedding.type)):
-        raise FeatureTableError(f"{uri}: column 'embedding' must be a list of floats, got {embedding.type}")
-    if embedding.null_count:
-        raise FeatureTableError(f"{uri}: column 'embedding' has {embedding.null_count} null rows")
-    lengths = pc.list_value_length(embedding).to_numpy()
-    if lengths.min() != lengths.max() or lengths.min() == 0:
-        raise FeatureTableError(f"{uri}: embeddings have unequal or zero lengths ({lengths.min()}..{lengths.max()})")
-    features = embedding.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, int(lengths[0]))
-    if not np.all(np.isfinite(features)):
-        raise FeatureTableError(f"{uri}: column 'embedding' contains NaN or infinite values")
-    labels = table.column("label").to_numpy().astype(np.int64)
-    labeled = table.column("split").cast(pa.string()).to_numpy(zero_copy_only=False) == "known"
-    if not labeled.any():
-        raise FeatureTableError(f"{uri}: no rows with split 'known' (labeled data is needed to score k)")
-    if labeled.all():
-        raise FeatureTableError(f"{uri}: no rows with split 'novel' (nothing to estimate)")
-    return features, labels, labeled
+    return read_feature_table(uri, splits=("known", "novel")).labeled_rows()
 
 
 def _features_from_dataset(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -137,7 +89,7 @@ def _features_from_dataset(args: argparse.Namespace) -> tuple[np.ndarray, np.nda
                               splits=("known", "novel"))
         print(f"embedded {stats['rows']} images with {args.encoder} in {stats['seconds']:.1f} s "
               f"({stats['bad_images']} undecodable left out)")
-        return read_feature_table(table_uri)
+        return _training_rows(table_uri)
 
 
 def plot_score_curve(path: str | Path, scorer: KnownClusterScorer, result: EstimateKResult) -> None:
@@ -180,11 +132,11 @@ def run(args: argparse.Namespace) -> int:
     source = args.features or args.data
     try:
         if args.features:
-            features, labels, labeled = read_feature_table(args.features)
+            features, labels, labeled = _training_rows(args.features)
         else:
             features, labels, labeled = _features_from_dataset(args)
         result, scorer = estimate_num_novel(features, labels, labeled, config)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, StorageError) as exc:
         print(f"ncdlr estimate-k: {exc}", file=sys.stderr)
         return 1
     mode = (f"Ward on {result.num_ward_leaves} k-means micro-clusters (approximate)" if result.approximate

@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray.data
@@ -62,7 +61,7 @@ from ray.data.datasource import Datasource, ReadTask
 from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import GROUPS, SPLITS
 from ncdlr.data.shards import SCHEMA, check_shard
-from ncdlr.data.storage import join, resolve, with_retries
+from ncdlr.data.storage import join, resolve
 from ncdlr.data.transforms import VIEW_DTYPES, EvalView, TrainViews, decode_pool, normalise_views, split_valid
 
 log = logging.getLogger(__name__)
@@ -293,10 +292,9 @@ def _read_and_decode(read: Callable[[], Iterator[pa.Table]], decode: DecodeSpec,
     return decoded_blocks(shuffled_rows(tables, np.random.default_rng()) if shuffle else tables, decode)
 
 
-def _verify(uri: str, manifest: Manifest, splits: Sequence[str], mode: str, endpoint_url: str | None) -> None:
+def _verify(uri: str, fs: pafs.FileSystem, base: str, manifest: Manifest, splits: Sequence[str], mode: str) -> None:
     if mode == "none":
         return
-    fs, base = resolve(uri, endpoint_url)
     for shard in manifest.shards:
         if shard.split in splits:
             check_shard(fs, join(base, shard.path), shard, join(uri, shard.path), checksum=mode == "checksum")
@@ -309,7 +307,7 @@ _SOURCE_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
                 shuffle_files: Iterable[str] | None = None, endpoint_url: str | None = None,
-                rows_per_block: int | None = 128) -> dict[str, Any]:
+                rows_per_block: int | None = 128, manifest: Manifest | None = None) -> dict[str, Any]:
     """One lazy ``ray.data.Dataset`` of raw rows (``image`` bytes, ``label``, ``split``, ``class_name``,
     ``source_id``) per requested split of the prepared dataset at ``uri``.
 
@@ -324,17 +322,18 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
     read output split, from the manifest's row counts); None leaves Ray's default block size. These are the
     blocks a ``map_batches`` decode step gets (``PipelineConfig.decode_in_read_tasks=False``); by default
     ``with_train_views`` / ``with_eval_view`` read the splits again with decoding inside the read tasks.
+    ``manifest``: the dataset's manifest when the caller has read it already (it is not read again).
     """
     splits = list(split_names)
     if unknown := [s for s in splits if s not in SPLITS]:
         raise ValueError(f"unknown split(s) {unknown}; splits are {SPLITS}")
-    manifest = read_manifest(uri, endpoint_url)
+    manifest = manifest or read_manifest(uri, endpoint_url)
     empty = [s for s in splits if manifest.split_counts.get(s, 0) == 0]
     if empty:
         raise ValueError(f"{uri}: split(s) {empty} hold no rows (the dataset has {manifest.split_counts})")
-    _verify(uri, manifest, splits, verify, endpoint_url)
-    shuffled = set(GROUPS if shuffle_files is None else shuffle_files)
     fs, base = resolve(uri, endpoint_url)
+    _verify(uri, fs, base, manifest, splits, verify)
+    shuffled = set(GROUPS if shuffle_files is None else shuffle_files)
     datasets = {}
     for split in splits:
         shards = [s for s in manifest.shards if s.split == split]
@@ -432,68 +431,6 @@ def train_data_config(cfg: PipelineConfig, datasets_to_split: Sequence[str] | st
         options.resource_limits = ExecutionResources.for_limits(object_store_memory=cfg.object_store_limit_bytes)
     split = datasets_to_split if isinstance(datasets_to_split, str) else list(datasets_to_split)
     return ray.train.DataConfig(datasets_to_split=split, execution_options=options)
-
-
-# ------------------------------------------------------------------------------------------ feature tables
-
-FEATURE_COLUMNS = ("embedding", "label", "split")
-
-
-def _feature_files(uri: str, endpoint_url: str | None) -> tuple[pafs.FileSystem, list[str]]:
-    fs, path = resolve(uri, endpoint_url)
-    info = with_retries(lambda: fs.get_file_info(path), uri)
-    if info.type == pafs.FileType.File:
-        return fs, [path]
-    if info.type == pafs.FileType.NotFound:
-        from ncdlr.data.storage import ObjectNotFoundError
-
-        raise ObjectNotFoundError(uri, "feature table not found")
-    selector = pafs.FileSelector(path, recursive=True)
-    files = sorted(f.path for f in with_retries(lambda: fs.get_file_info(selector), uri)
-                   if f.type == pafs.FileType.File and f.path.endswith(".parquet"))
-    if not files:
-        raise ValueError(f"{uri}: no .parquet files in this feature-table directory")
-    return fs, files
-
-
-def _stack_embeddings(batch: dict[str, Any]) -> dict[str, Any]:
-    """``embedding``: list<float32> per row → float32 ``[N, D]``."""
-    emb = batch["embedding"]
-    if emb.dtype == object:
-        emb = np.stack(emb)
-    batch["embedding"] = np.ascontiguousarray(emb, dtype=np.float32)
-    return batch
-
-
-def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "test"), *,
-                       endpoint_url: str | None = None) -> dict[str, Any]:
-    """Feature-table mode: a parquet file or directory with ``embedding`` (list<float32>, one D-vector per
-    image), ``label`` (int), ``split`` (string) and optionally ``class_name``/``source_id``.
-
-    Returns one lazy Dataset per requested split, rows filtered by ``split`` at read time, ``embedding``
-    as float32 ``[D]`` per row. Raises ``ValueError`` naming the file whose schema lacks a column or whose
-    ``embedding`` is not a list of floats.
-    """
-    fs, files = _feature_files(uri, endpoint_url)
-    schema = pads.dataset(files[0], filesystem=fs, format="parquet").schema
-    where = f"{uri.rstrip('/')}" if len(files) == 1 else join(uri, files[0].rsplit("/", 1)[-1])
-    missing = [c for c in FEATURE_COLUMNS if c not in schema.names]
-    if missing:
-        raise ValueError(f"{where}: feature table lacks column(s) {missing} (needs {list(FEATURE_COLUMNS)})")
-    emb_type = schema.field("embedding").type
-    if not (pa.types.is_list(emb_type) or pa.types.is_large_list(emb_type) or pa.types.is_fixed_size_list(emb_type)) \
-            or not pa.types.is_floating(emb_type.value_type):
-        raise ValueError(f"{where}: column 'embedding' must be list<float32>, found {emb_type}")
-    columns = [c for c in (*FEATURE_COLUMNS, "class_name", "source_id") if c in schema.names]
-    sizes = [with_retries(lambda f=f: fs.get_file_info(f), uri).size for f in files]
-    out = {}
-    for split in splits:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; splits are {SPLITS}")
-        source = ShardDatasource(fs, files, sizes=sizes, columns=columns, split=split)
-        out[split] = ray.data.read_datasource(source).map_batches(_stack_embeddings, batch_format="numpy",
-                                                                   zero_copy_batch=False)
-    return out
 
 
 # ----------------------------------------------------------------------------------------- paired batches

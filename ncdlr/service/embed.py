@@ -1,103 +1,21 @@
-"""Feature tables: a frozen encoder's embeddings of a prepared image dataset, as one parquet file.
+"""``ncdlr embed``: a frozen encoder's embeddings of a prepared image dataset, written as a feature table.
 
-Columns: ``embedding`` (list<float32>, width D), ``label`` (int32), ``split`` (string), ``class_name`` and
-``source_id`` (strings, optional on read). The schema metadata key ``ncdlr`` holds JSON
-``{"num_known", "num_novel", "class_names", "encoder", "dataset"}``; tables from elsewhere without it
-are accepted, with Ks and K inferred from the labels of the ``known`` split and of all splits.
-
-:func:`embed_dataset` computes the table with Ray Data: the prepared shards are streamed, decoded with
-the eval transform and fed through ``map_batches`` to a pool of model actors (one frozen encoder each).
+:func:`embed_dataset` streams the prepared shards with Ray Data, decodes them with the eval transform and
+feeds them through ``map_batches`` to a pool of model actors (one frozen encoder each); the rows are written
+with :func:`ncdlr.data.features.write_feature_table` (the table's schema and readers live there).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import torch
 
-from ncdlr.data.storage import resolve
-
-from .train_loop import FeatureSplits
+from ncdlr.data.features import write_feature_table
 
 log = logging.getLogger(__name__)
-
-METADATA_KEY = b"ncdlr"
-
-
-FEATURE_TABLE_COLUMNS = ("embedding", "label", "split")
-
-
-def open_feature_table(uri: str) -> tuple[pafs.FileSystem, str, pa.Schema]:
-    """Filesystem, path and schema of a feature table (parquet file or directory, local or s3://).
-
-    Raises FileNotFoundError / ValueError naming ``uri`` (and the missing column).
-    """
-    fs, path = resolve(uri)
-    try:
-        schema = pq.ParquetDataset(path, filesystem=fs).schema
-    except (FileNotFoundError, OSError) as err:
-        raise FileNotFoundError(f"feature table {uri!r} cannot be read: {err}") from err
-    for column in FEATURE_TABLE_COLUMNS:
-        if column not in schema.names:
-            raise ValueError(f"feature table {uri!r} lacks column {column!r} (has {schema.names})")
-    return fs, path, schema
-
-
-def read_feature_table(uri: str) -> FeatureSplits:
-    """Load a feature table (local path or s3://) into per-split tensors; errors name the URI and column."""
-    fs, path, _ = open_feature_table(uri)
-    table = pq.read_table(path, filesystem=fs)
-    emb = table.column("embedding").combine_chunks()
-    if not pa.types.is_list(emb.type) and not pa.types.is_fixed_size_list(emb.type) and not pa.types.is_large_list(emb.type):
-        raise ValueError(f"feature table {uri!r}: column 'embedding' must be a list of floats, is {emb.type}")
-    lengths = set(pa.compute.list_value_length(emb).unique().to_pylist()) if len(emb) else set()
-    if len(lengths) > 1:
-        raise ValueError(f"feature table {uri!r}: embeddings have different widths {sorted(lengths)}")
-    dim = lengths.pop() if lengths else 0
-    x = np.asarray(emb.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(emb), dim)
-    y = table.column("label").to_numpy().astype(np.int64)
-    split = np.asarray(table.column("split").to_pylist())
-    meta = json.loads(table.schema.metadata[METADATA_KEY]) if table.schema.metadata and METADATA_KEY in table.schema.metadata else {}
-    for needed in ("known", "novel"):
-        if not (split == needed).any():
-            raise ValueError(f"feature table {uri!r} has no rows with split {needed!r}")
-    num_known = int(meta.get("num_known", y[split == "known"].max() + 1))
-    num_classes = int(meta.get("num_known", 0) + meta.get("num_novel", 0)) or int(y.max() + 1)
-    if (y[split == "known"] >= num_known).any() or (y[split == "novel"] < num_known).any():
-        raise ValueError(f"feature table {uri!r}: known labels must be 0..Ks-1 and novel labels Ks..K-1 (Ks={num_known})")
-    names = meta.get("class_names") or [str(i) for i in range(num_classes)]
-    features = {s: torch.from_numpy(x[split == s]) for s in np.unique(split)}
-    labels = {s: torch.from_numpy(y[split == s]) for s in np.unique(split)}
-    return FeatureSplits(features, labels, num_known, num_classes - num_known, list(names))
-
-
-def write_feature_table(uri: str, embeddings: np.ndarray, labels: np.ndarray, splits: list[str] | np.ndarray, *,
-                        num_known: int, num_novel: int, class_names: list[str] | None = None,
-                        source_ids: list[str] | None = None, extra: dict | None = None) -> None:
-    """Write ``embeddings [N, D]`` with labels/splits as a feature table (local path or s3://)."""
-    embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
-    n, dim = embeddings.shape
-    columns = {
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), dim).cast(pa.list_(pa.float32())),
-        "label": pa.array(np.asarray(labels, dtype=np.int32)),
-        "split": pa.array([str(s) for s in splits]),
-    }
-    names = class_names or [str(i) for i in range(num_known + num_novel)]
-    columns["class_name"] = pa.array([names[int(label)] for label in labels])
-    if source_ids is not None:
-        columns["source_id"] = pa.array(list(source_ids))
-    meta = {"num_known": num_known, "num_novel": num_novel, "class_names": names, **(extra or {})}
-    table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()})
-    fs, path = resolve(uri)
-    if isinstance(fs, pafs.LocalFileSystem):  # object stores need no parent "directories"
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(table, path, filesystem=fs)
 
 
 class _EncoderActor:
@@ -165,26 +83,3 @@ def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str 
     total = len(emb) + len(bad)
     return {"rows": len(emb), "bad_images": len(bad), "seconds": seconds, "images_per_s": total / max(seconds, 1e-9)}
 
-
-def synthetic_features(num_known: int = 10, num_novel: int = 10, dim: int = 32, n_max: int = 120,
-                       ratio: float = 10.0, test_per_class: int = 10, noise: float = 0.6, seed: int = 0
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A long-tailed clustered feature set (for tests and benchmarks): ``(embeddings [N, D], labels [N], splits [N])``.
-
-    Class ``c`` is a random unit direction plus Gaussian noise of std ``noise / sqrt(D)`` per coordinate;
-    train counts follow ``n_max · ratio^(-r/(C-1))`` inside each half; ``test_per_class`` balanced test rows.
-    """
-    from ncdlr.data.longtail import long_tail_counts
-
-    rng = np.random.default_rng(seed)
-    k = num_known + num_novel
-    centres = rng.standard_normal((k, dim))
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    counts = long_tail_counts(n_max, num_known, ratio) + long_tail_counts(n_max, num_novel, ratio)
-    xs, ys, ss = [], [], []
-    for c in range(k):
-        for split, n in (("known" if c < num_known else "novel", counts[c]), ("test", test_per_class)):
-            xs.append(centres[c] + rng.standard_normal((n, dim)) * noise / np.sqrt(dim))
-            ys.append(np.full(n, c))
-            ss += [split] * n
-    return np.concatenate(xs).astype(np.float32), np.concatenate(ys), np.array(ss)

@@ -25,7 +25,6 @@ from ncdlr.data.pipeline import (
     build_datasets,
     decoded_blocks,
     shuffled_rows,
-    load_feature_table,
     load_splits,
     to_torch,
     train_data_config,
@@ -250,12 +249,6 @@ def test_load_splits_refuses_an_empty_or_unknown_split(tmp_path: Path) -> None:
         load_splits(str(tmp_path / "ds"), ["train"])
 
 
-def test_feature_table_without_embedding_is_refused_naming_the_file(tmp_path: Path) -> None:
-    pq.write_table(pa.table({"label": [0], "split": ["known"]}), tmp_path / "features.parquet")
-    with pytest.raises(ValueError, match=r"features.parquet: feature table lacks column\(s\) \['embedding'\]"):
-        load_feature_table(str(tmp_path / "features.parquet"))
-
-
 # ------------------------------------------------------------------- read-and-decode tasks, no Ray needed
 
 
@@ -473,27 +466,6 @@ def test_training_splits_read_their_shards_in_a_new_order_every_epoch(data_ray, 
     orders = [tuple(r["source_id"] for r in known.iter_rows()) for _ in range(3)]
     assert len(set(orders)) > 1, "three epochs in the same order"
     assert all(sorted(o) == sorted(orders[0]) and len(o) == 18 for o in orders), "every epoch is one full pass"
-
-
-@pytest.mark.slow
-def test_feature_table_mode_streams_embeddings_per_split(data_ray, tmp_path: Path) -> None:
-    rng = np.random.default_rng(0)
-    emb = rng.normal(size=(10, 6)).astype(np.float32)
-    table = pa.table({"embedding": pa.array(list(emb), type=pa.list_(pa.float32())),
-                      "label": pa.array([0, 1, 2, 3, 2, 3, 0, 1, 2, 3], pa.int32()),
-                      "split": ["known", "known", "novel", "novel", "novel", "novel", "test", "test", "test", "test"]})
-    pq.write_table(table, tmp_path / "features.parquet")
-    datasets = load_feature_table(str(tmp_path / "features.parquet"))
-    batches = PairedBatches(datasets["known"], datasets["novel"], batch_size=2)
-    steps = list(batches)
-    batches.close()
-    assert len(steps) == 2 and steps[0]["known"]["embedding"].shape == (2, 6)
-    novel = torch.cat([s["novel"]["embedding"] for s in steps])
-    assert novel.dtype == torch.float32
-    assert sorted(map(tuple, novel.tolist())) == sorted(map(tuple, emb[2:6].tolist()))
-    assert sorted(torch.cat([s["novel"]["label"] for s in steps]).tolist()) == [2, 2, 3, 3]
-    with pytest.raises(ValueError, match="novel stream holds fewer than batch_size=8"):
-        list(PairedBatches(datasets["known"], datasets["novel"], batch_size=8))
 
 
 def _train_worker(config: dict) -> None:
