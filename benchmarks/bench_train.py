@@ -41,8 +41,9 @@ import torch
 
 from ncdlr.models import build_model
 from ncdlr.service.config import Config
-from ncdlr.service.embed import read_feature_table, synthetic_features, write_feature_table
-from ncdlr.service.train_loop import LocalBuffer, build_worker_state, feature_batches, run_epoch, steps_per_epoch
+from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+from ncdlr.service.local import local_state
+from ncdlr.service.train_loop import feature_batches, run_epoch, steps_per_epoch
 
 
 def make_config(args: argparse.Namespace, table: str) -> Config:
@@ -60,12 +61,10 @@ def plain(cfg: Config) -> dict:
     splits = read_feature_table(cfg.data.features)
     torch.manual_seed(0)
     model = build_model(cfg.model, splits.num_known, splits.num_novel)
-    state = build_worker_state(cfg, model, steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1),
-                               torch.device("cpu"))
-    buffer = LocalBuffer(cfg.labeler.buffer_size, splits.num_novel)
+    state = local_state(cfg, model, steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1))
     metrics = {}
     for epoch in range(cfg.optim.epochs):
-        metrics = run_epoch(state, feature_batches(splits, cfg, epoch, 0, 1), cfg, buffer)
+        metrics = run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)
     return metrics
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
@@ -65,3 +67,31 @@ class LogitBuffer:
                 f"this buffer (K={self.num_clusters}, capacity={self.capacity})"
             )
         self._rows = rows.to(device=self.device, dtype=torch.float32, copy=True)
+
+
+class SharedBuffer(Protocol):
+    """The history the discovery step solves over, as every rank sees it (method.md §4.1, §4.7).
+
+    ``history_plus(step, rows [n, K]) -> [J', K]`` returns the stored history with ``rows`` appended (newest
+    last); ``commit(step, rows)`` tells the buffer that step ``step``'s rows are final (a shared buffer sends them
+    on). :class:`LocalBuffer` is the single-process one; the service's Ray buffer client is the shared one.
+    """
+
+    def history_plus(self, step: int, rows: Tensor) -> Tensor: ...
+    def commit(self, step: int, rows: Tensor) -> None: ...
+
+
+class LocalBuffer:
+    """Single-process :class:`SharedBuffer`: a plain :class:`LogitBuffer` (no actor) on ``device``."""
+
+    def __init__(self, capacity: int, num_clusters: int, device: torch.device | str | None = None):
+        self.buffer = LogitBuffer(capacity, num_clusters, device)
+
+    def history_plus(self, step: int, rows: Tensor) -> Tensor:
+        return self.buffer.push(rows)
+
+    def commit(self, step: int, rows: Tensor) -> None:
+        """Nothing to share: the local buffer already holds the rows."""
+
+    def state_dict(self) -> dict:
+        return self.buffer.state_dict()

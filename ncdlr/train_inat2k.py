@@ -20,15 +20,11 @@ overridden (``--gamma 10``, ``--epochs 5``, ...); ``--output DIR`` is the run di
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,58 +41,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="embedded default only: synthetic classes (half known, half novel); 20 fits 2 cores")
     parser.add_argument("--n-max", type=int, default=120,
                         help="embedded default only: training images of each half's head class (tail = n_max/10)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show Ray's own output (worker logs, reports, checkpoints) and full tracebacks")
     add_override_arguments(parser)
     return parser
 
 
-def _config(args: argparse.Namespace, default_file: str):
-    from ncdlr.service.config import apply_overrides, load_config, overrides_from_args
+def build_config(args: argparse.Namespace, data_uri: str = ""):
+    """The run's Config: ``configs/inat18_2k.yaml`` with ``--data`` (``configs/demo.yaml`` without), these flags,
+    then the overrides."""
+    from ncdlr.service.config import Setting
+    from ncdlr.service.entry import CONFIGS, config_from_args
 
-    cfg = load_config(args.config or CONFIGS / default_file)
-    if args.data:
-        cfg.data.uri = args.data
+    settings = [Setting("data.uri", data_uri or args.data)] if (data_uri or args.data) else []
     if args.output:
-        cfg.run.output = args.output
-    return apply_overrides(cfg, overrides_from_args(args))
-
-
-def _print_result(result: dict) -> None:
-    from ncdlr.service.report import render_summary
-
-    if "test" in result:
-        print(render_summary(result["output"]))
-    print(f"[ncdlr] finished in {result['seconds']:.0f} s; run directory:")
-    print(result["output"])
-
-
-def run_on_cluster(args: argparse.Namespace) -> dict:
-    """Train on the prepared dataset ``args.data`` on the Ray cluster this job runs on (RAY_ADDRESS or local)."""
-    from ncdlr.service.trainer import fit
-
-    return fit(_config(args, "inat18_2k.yaml"))
-
-
-def init_ray_for_embedded(s3_env: dict[str, str]) -> bool:
-    """Start or join Ray so that every task and worker of this job gets the embedded S3 client settings.
-
-    ``s3_env`` (:meth:`ncdlr.data.storage.S3Server.env`: endpoint, credentials, region and the AWS checksum
-    settings) goes into the job's ``runtime_env``; setting it in this process only would not reach Ray Data
-    tasks or workers on other nodes. Inside a submitted job (``RAY_ADDRESS`` set) Ray refuses resource
-    arguments, so none are given there; a local Ray gets spare logical CPUs for Ray Data read tasks.
-    Returns True when this call started Ray (then the caller shuts it down); with Ray already initialised in
-    this process nothing is started and the settings reach the train workers through :func:`fit`'s config.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return False
-    runtime_env = {"env_vars": dict(s3_env)}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env=runtime_env, log_to_driver=True)
-    else:
-        ray.init(num_cpus=max(4, os.cpu_count() or 1), object_store_memory=512 * 1024**2, include_dashboard=False,
-                 runtime_env=runtime_env, log_to_driver=True)
-    return True
+        settings.append(Setting("run.output", args.output))
+    if args.verbose:
+        settings.append(Setting("run.verbose", True))
+    default = CONFIGS / ("inat18_2k.yaml" if args.data else "demo.yaml")
+    return config_from_args(args, default_file=default, settings=settings)
 
 
 def run_embedded(args: argparse.Namespace) -> dict:
@@ -104,27 +67,31 @@ def run_embedded(args: argparse.Namespace) -> dict:
 
     The rclone server listens on 127.0.0.1 of the driver's machine. On a local Ray, and on a simulated
     multi-node cluster whose nodes share this machine, every worker reaches it; on a real multi-machine
-    cluster workers on other machines cannot, so there pass ``--data`` on real object storage.
+    cluster workers on other machines cannot, so there pass ``--data`` on real object storage. The server's
+    settings go into the job's ``runtime_env`` (setting them in this process only would not reach Ray Data
+    tasks or workers on other nodes); with Ray already initialised in this process they reach the train
+    workers through :func:`~ncdlr.service.trainer.fit`'s loop config.
     """
     import ray
 
     from ncdlr.data.builders import synthetic
     from ncdlr.data.storage import S3Server
+    from ncdlr.service.entry import init_ray
     from ncdlr.service.trainer import fit
 
-    cfg = _config(args, "demo.yaml")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ncdlr-s3-") as root, S3Server(root) as server:
         os.environ.update(server.env())  # this driver's own S3 clients (manifest, evaluation)
         bucket = server.make_bucket("ncdlr-demo")
-        cfg.data.uri = f"{bucket}/synthetic-inat-{args.classes}"
+        cfg = build_config(args, data_uri=f"{bucket}/synthetic-inat-{args.classes}")
         print(f"[ncdlr] embedded default: writing a synthetic iNat18-format set ({args.classes} classes) to "
               f"{cfg.data.uri} on the embedded S3 server {server.endpoint_url}", flush=True)
         manifest = synthetic.build(synthetic.SyntheticConfig(num_classes=args.classes, n_max=args.n_max,
                                                              seed=cfg.run.seed),
                                    cfg.data.uri, progress=False)
         print(f"[ncdlr] prepared {manifest.split_counts} in {time.perf_counter() - start:.0f} s", flush=True)
-        started = init_ray_for_embedded(server.env())
+        started = init_ray(runtime_env={"env_vars": server.env()}, object_store_bytes=512 * 1024**2,
+                           verbose=cfg.run.verbose)
         try:
             result = fit(cfg)
         finally:
@@ -135,20 +102,19 @@ def run_embedded(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ncdlr.service.config import ConfigError
+    from ncdlr.service.entry import print_result, run_main
+    from ncdlr.service.trainer import fit
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # Ray Train's default health-check interval (2 s) is kept: polling every 0.1 s slowed the workers' steps
     # by 15-50 % on 2 cores (docs/benchmarks.md), while reporting once per epoch waits at most one interval.
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
-    try:
-        result = run_on_cluster(args) if args.data else run_embedded(args)
-    except ConfigError as err:
-        print(f"train_inat2k: {err}", file=sys.stderr)
-        return 2
-    _print_result(result)
-    return 0
+
+    def run() -> int:
+        print_result(fit(build_config(args)) if args.data else run_embedded(args))
+        return 0
+
+    return run_main("train_inat2k", run, verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import sys
 
 NAME = "train"
 HELP = "train a model (Ray Train DDP) from a config file and/or a feature table; evaluate and report"
@@ -39,37 +36,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="feature-table mode: parquet with embedding/label/split (local or s3://); "
                              "trains the head on these embeddings (encoder 'identity', head 'mlp' unless set)")
     parser.add_argument("--output", metavar="DIR", default=None, help="run directory (metrics.json at its top)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show Ray's own output (worker logs, reports, checkpoints) and full tracebacks")
     add_override_arguments(parser)
 
 
 def build_config(args: argparse.Namespace):
-    from ncdlr.service.config import apply_overrides, load_config, overrides_from_args
+    """The run's Config from the command line (YAML, these flags, then the overrides; each value parsed once)."""
+    from ncdlr.service.config import Setting
+    from ncdlr.service.entry import config_from_args
 
-    cfg = load_config(args.config)
+    settings = []
     if args.features:
-        cfg.data.features = args.features
+        settings.append(Setting("data.features", args.features))
         if not args.config:  # a bare feature table: train a head on the embeddings
-            cfg.model.encoder, cfg.model.head = "identity", "mlp"
+            settings += [Setting("model.encoder", "identity"), Setting("model.head", "mlp")]
     if args.output:
-        cfg.run.output = args.output
-    return apply_overrides(cfg, overrides_from_args(args))
+        settings.append(Setting("run.output", args.output))
+    if args.verbose:
+        settings.append(Setting("run.verbose", True))
+    return config_from_args(args, settings=settings)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ncdlr.service.config import ConfigError
+    from ncdlr.service.entry import print_result, run_main
     from ncdlr.service.trainer import fit
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    try:
-        cfg = build_config(args)
-    except ConfigError as err:
-        print(f"ncdlr train: {err}", file=sys.stderr)
-        return 2
-    result = fit(cfg)
-    if "test" in result:
-        from ncdlr.service.report import render_summary
+    def main() -> int:
+        print_result(fit(build_config(args)))
+        return 0
 
-        print(render_summary(result["output"]))
-    print(json.dumps({k: result[k] for k in ("output", "checkpoint", "seconds")}))
-    print(result["output"])
-    return 0
+    return run_main("ncdlr train", main, verbose=args.verbose)

@@ -6,7 +6,9 @@ directions matter before it can cluster the novel ones. Ks = Ku = 20 classes; tr
 ``long_tail_counts(250, 20, R)`` (R = 50 known, ``--novel-ratio`` novel); the test set is balanced.
 
 Methods, all with the same trainable head (MLP 32 → 64 → 64, normalised output), data, epochs and
-batch (B known + B novel, two noisy views each):
+batch (B known + B novel, two noisy views each); each is the method layer's own step
+(:func:`ncdlr.methods.build_method`: known loss, discovery step, swapped novel loss), so this experiment
+trains exactly what the service trains:
 
 * ``uno``          learnable normalised prototypes, cross-entropy on cosine/0.1, balanced Sinkhorn per
                    batch (ε 0.05, T 3), swapped prediction (method.md §8).
@@ -34,11 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ncdlr.buffer import LogitBuffer
+from ncdlr.buffer import LocalBuffer
 from ncdlr.data.longtail import long_tail_counts
-from ncdlr.losses import prototype_cross_entropy, prototype_mse
+from ncdlr.labeler import LabelerConfig
+from ncdlr.methods import Method, MethodConfig, build_method
 from ncdlr.metrics import cluster_accuracy
-from ncdlr.ot import AdaptiveSelfLabeler, sinkhorn
 from ncdlr.prototypes import simplex_etf
 
 METHODS = ("uno", "ncdlr-uniform", "ncdlr")
@@ -94,18 +96,36 @@ def make_data(s: Setting, seed: int) -> tuple[Split, Split, Split, list[int]]:
 
 
 class Head(nn.Module):
-    """``z = normalize(MLP(x))``: ``[N, d_in] → [N, D]``; with ``learnable_prototypes`` also ``W [D, K]``."""
+    """``z = normalize(MLP(x))``: ``[N, d_in] → [N, D]`` with ``K`` prototypes ``[D, K]`` — the fixed simplex ETF,
+    or learnable ones used column-normalised (:class:`ncdlr.methods.PrototypeModel`)."""
 
-    def __init__(self, d_in: int, dim: int, num_classes: int, learnable_prototypes: bool):
+    def __init__(self, d_in: int, dim: int, num_known: int, num_novel: int, learnable_prototypes: bool, seed: int):
         super().__init__()
+        self.num_known, self.num_novel = num_known, num_novel
+        self.learnable_prototypes = learnable_prototypes
         self.net = nn.Sequential(nn.Linear(d_in, 64), nn.GELU(), nn.Linear(64, dim))
-        self.prototypes = nn.Parameter(torch.randn(dim, num_classes)) if learnable_prototypes else None
+        k = num_known + num_novel
+        self.prototypes = nn.Parameter(torch.randn(dim, k)) if learnable_prototypes else simplex_etf(dim, k, seed=seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.net(x), dim=1)
 
-    def normalised_prototypes(self) -> torch.Tensor:
-        return F.normalize(self.prototypes, dim=0)
+    def class_prototypes(self) -> torch.Tensor:
+        return F.normalize(self.prototypes, dim=0) if self.learnable_prototypes else self.prototypes
+
+    def logits(self, z: torch.Tensor) -> torch.Tensor:
+        return z @ self.class_prototypes()
+
+
+def build(method: str, s: Setting) -> Method:
+    """The method layer's :class:`~ncdlr.methods.Method` for one of :data:`METHODS` (buffer connected for ncdlr)."""
+    if method == "uno":
+        return build_method(MethodConfig(name="uno"), LabelerConfig(use_buffer=False), s.num_novel)
+    labeler = LabelerConfig(prior="uniform" if method == "ncdlr-uniform" else "adaptive", gamma=s.gamma,
+                            buffer_size=s.buffer_size)
+    built = build_method(MethodConfig(name="ncdlr"), labeler, s.num_novel)
+    built.connect(buffer=LocalBuffer(s.buffer_size, s.num_novel))
+    return built
 
 
 def batches(n_known: int, n_novel: int, batch: int, g: torch.Generator):
@@ -120,12 +140,9 @@ def train_and_evaluate(method: str, s: Setting, seed: int) -> dict[str, float]:
     """Train one method on one seed; return :func:`cluster_accuracy` on the test split (+ final τ)."""
     known, novel, test, counts = make_data(s, seed)
     torch.manual_seed(seed)
-    k, ks = s.num_known + s.num_novel, s.num_known
-    dim = 64
-    model = Head(known.x.shape[1], dim, k, learnable_prototypes=method == "uno")
-    prototypes = simplex_etf(dim, k, seed=seed)
-    labeler = AdaptiveSelfLabeler(s.num_novel, prior="uniform" if method == "ncdlr-uniform" else "adaptive", gamma=s.gamma)
-    buffer = LogitBuffer(s.buffer_size, s.num_novel)
+    ks = s.num_known
+    model = Head(known.x.shape[1], 64, ks, s.num_novel, learnable_prototypes=method == "uno", seed=seed)
+    learner = build(method, s)
     g = torch.Generator().manual_seed(seed + 1)
     steps = s.epochs * (len(novel.y) // s.batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=1.5e-4)
@@ -135,42 +152,29 @@ def train_and_evaluate(method: str, s: Setting, seed: int) -> dict[str, float]:
         [torch.optim.lr_scheduler.LinearLR(optimizer, 0.01, 1.0, warmup), torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps - warmup, s.lr / 10)],
         [warmup],
     )
+    valid = torch.ones(s.batch_size, dtype=torch.bool)
 
     def views(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(x + s.view_noise * torch.randn(x.shape, generator=g) for _ in range(2))
 
+    step = 0
     for _ in range(s.epochs):
         for ki, ni in batches(len(known.y), len(novel.y), s.batch_size, g):
             xk1, xk2 = views(known.x[ki])
             xn1, xn2 = views(novel.x[ni])
-            z = model(torch.cat([xk1, xk2, xn1, xn2]))
-            zk1, zk2, zn1, zn2 = z.split(s.batch_size)
-            y = known.y[ki]
-            if method == "uno":
-                w = model.normalised_prototypes()
-                with torch.no_grad():
-                    q1, q2 = (sinkhorn(zn @ w[:, ks:], torch.full((s.num_novel,), 1 / s.num_novel), 0.05, 3) for zn in (zn1, zn2))
-                pad = torch.zeros(s.batch_size, ks)
-                loss = 0.5 * (prototype_cross_entropy(zk1, w, y) + prototype_cross_entropy(zk2, w, y)) + 0.5 * (
-                    prototype_cross_entropy(zn1, w, torch.cat([pad, q2], 1)) + prototype_cross_entropy(zn2, w, torch.cat([pad, q1], 1))
-                )
-            else:
-                pu = prototypes[:, ks:]
-                rows = torch.cat([zn1 @ pu, zn2 @ pu]).detach()
-                q1, q2 = labeler(buffer.push(rows), last=2 * s.batch_size).split(s.batch_size)
-                loss = 0.5 * (prototype_mse(zk1, prototypes, y) + prototype_mse(zk2, prototypes, y)) + 0.5 * (
-                    prototype_mse(zn1, pu, q2) + prototype_mse(zn2, pu, q1)
-                )
+            zk1, zk2, zn1, zn2 = model(torch.cat([xk1, xk2, xn1, xn2])).split(s.batch_size)
+            targets, _ = learner.novel_targets(model, zn1, zn2, valid, step)
+            loss = learner.known_loss(model, zk1, zk2, known.y[ki]) + learner.novel_loss(model, zn1, zn2, targets, valid)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             schedule.step()
+            step += 1
 
     with torch.no_grad():
-        z = model(test.x)
-        logits = z @ (model.normalised_prototypes() if method == "uno" else prototypes)
+        logits = learner.predict_logits(model, model(test.x))
     result = cluster_accuracy(test.y.numpy(), logits.argmax(1).numpy(), ks, train_counts=counts)
-    result["tau"] = labeler.imbalance_factor if method == "ncdlr" else 1.0
+    result["tau"] = learner.imbalance_factor
     return result
 
 

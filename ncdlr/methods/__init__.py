@@ -1,42 +1,50 @@
-"""Discovery methods behind one protocol (issue 6): the faithful NCDLR, UNO, AutoNovel, and post-hoc +LA/+cRT.
+"""Discovery methods behind one protocol: the faithful NCDLR, UNO, AutoNovel, and post-hoc +LA/+cRT.
 
-``build_method(cfg)`` turns ``cfg.method`` into a :class:`Method` that ``train_step`` dispatches through
-(known loss, novel targets, novel loss); ``posthoc`` and ``crt`` act after training on the frozen model.
-Ablations of ncdlr are config switches: ``labeler.use_buffer``, ``model.prototypes`` (etf | learnable),
-``method.loss`` (mse | ce) and ``labeler.prior`` (adaptive | uniform | fixed | free | bounded).
+``build_method(method_cfg, labeler_cfg, num_novel)`` turns the ``method`` and ``labeler`` config sections into
+a :class:`Method`, built once per worker; ``train_step`` dispatches through it (known loss, novel targets,
+novel loss). ``posthoc`` and ``crt`` act after training on the frozen model. Ablations of ncdlr are config
+switches: ``labeler.use_buffer``, ``model.prototypes`` (etf | learnable), ``method.loss`` (mse | ce) and
+``labeler.prior`` (see :mod:`ncdlr.priors`). A new method is one module here with a :class:`Method` subclass
+(its :attr:`~Method.requires` names the settings it needs) and one entry in :data:`METHODS`.
 """
 
 from __future__ import annotations
 
+from torch import Tensor
+
+from ncdlr.labeler import AdaptiveSelfLabeler, LabelerConfig
+
 from .autonovel import AutoNovel, ranking_pairs
-from .base import NCDLR, Method, MethodConfigError, pad_novel
+from .base import Method, MethodConfig, MethodConfigError, PrototypeModel, pad_novel
 from .crt import class_balanced_sampler, retrain_classifier
-from .posthoc import logit_adjustment, pseudo_label_counts
+from .discovery import Discovery, Gather, single_process
+from .ncdlr import NCDLR
+from .posthoc import logit_adjustment, posthoc_scores, pseudo_label_counts
 from .uno import UNO
 
-METHODS = {"ncdlr": NCDLR, "uno": UNO, "autonovel": AutoNovel}
+METHODS: dict[str, type[Method]] = {"ncdlr": NCDLR, "uno": UNO, "autonovel": AutoNovel}
 
-__all__ = ["METHODS", "AutoNovel", "Method", "MethodConfigError", "NCDLR", "UNO", "build_method",
-           "class_balanced_sampler", "logit_adjustment", "pad_novel", "pseudo_label_counts", "ranking_pairs",
-           "retrain_classifier"]
+__all__ = ["METHODS", "AutoNovel", "Discovery", "Gather", "Method", "MethodConfig", "MethodConfigError", "NCDLR",
+           "PrototypeModel", "UNO", "build_method", "class_balanced_sampler", "logit_adjustment", "pad_novel",
+           "posthoc_scores", "pseudo_label_counts", "ranking_pairs", "retrain_classifier", "single_process"]
 
 
-def build_method(cfg) -> Method:
-    """The :class:`Method` named by ``cfg.method.name`` (a :class:`ncdlr.service.config.Config`).
+def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *,
+                 fixed_prior: Tensor | None = None) -> Method:
+    """The :class:`Method` named by ``method.name`` for ``num_novel`` (Ku) clusters, with its labeler.
 
-    ``method.loss = "auto"`` is ``mse`` for ncdlr and ``ce`` for uno/autonovel. UNO and AutoNovel need
-    ``model.prototypes = "learnable"`` (checked when they first see the model) and ``labeler.use_buffer =
-    false`` (checked here).
+    ncdlr gets the adaptive labeler of ``labeler`` (``fixed_prior [Ku]``: the oracle sizes for ``prior=fixed``);
+    UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``); AutoNovel none. Distributed parts are
+    wired in afterwards with :meth:`Method.connect`.
     """
-    m = cfg.method
-    if m.name not in METHODS:
-        raise MethodConfigError(f"method.name {m.name!r} is not one of {', '.join(METHODS)}")
-    loss = m.loss if m.loss != "auto" else ("mse" if m.name == "ncdlr" else "ce")
-    if m.name != "ncdlr" and cfg.labeler.use_buffer:
-        raise MethodConfigError(f"method {m.name!r} labels each batch on its own and never feeds the shared logit "
-                                "buffer (the buffer actor would wait for it): set labeler.use_buffer=false")
-    if m.name == "uno":
-        return UNO(loss, m.temperature, eps=cfg.labeler.eps, n_iters=cfg.labeler.n_iters)
-    if m.name == "autonovel":
-        return AutoNovel(loss, m.temperature, topk=m.topk, consistency=m.consistency)
-    return NCDLR(loss, m.temperature)
+    kind = METHODS.get(method.name)
+    if kind is None:
+        raise MethodConfigError(f"method.name {method.name!r} is not one of {', '.join(METHODS)}")
+    if kind.requires.get("labeler.use_buffer", True) is False and labeler.use_buffer:
+        raise MethodConfigError(f"method {method.name!r} labels each batch on its own and never feeds the shared "
+                                "logit buffer: set labeler.use_buffer=false")
+    if kind is NCDLR:
+        return NCDLR(method, AdaptiveSelfLabeler.from_config(labeler, num_novel, fixed_prior), labeler.use_buffer)
+    if kind is UNO:
+        return UNO(method, AdaptiveSelfLabeler(num_novel, prior="uniform", eps=labeler.eps, n_iters=labeler.n_iters))
+    return kind(method)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Method, MethodConfigError
+from .base import Method, MethodConfig, MethodConfigError
 
 
 def ranking_pairs(features: Tensor, topk: int) -> Tensor:
@@ -41,15 +41,17 @@ class AutoNovel(Method):
     """Ranking-statistics BCE on the novel head plus supervised CE on the known classes."""
 
     name = "autonovel"
+    default_loss = "ce"
+    requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
 
-    def __init__(self, loss: str = "ce", temperature: float = 0.1, topk: int = 5, consistency: float = 0.0):
-        super().__init__(loss, temperature)
-        if topk < 1 or consistency < 0:
-            raise MethodConfigError(f"method.topk must be >= 1 and method.consistency >= 0, got {topk}, {consistency}")
-        self.topk = topk
-        self.consistency = consistency
+    def __init__(self, cfg: MethodConfig):
+        super().__init__(cfg)
+        if cfg.topk < 1 or cfg.consistency < 0:
+            raise MethodConfigError(f"method.topk must be >= 1 and method.consistency >= 0, got {cfg.topk}, {cfg.consistency}")
+        self.topk = cfg.topk
+        self.consistency = cfg.consistency
 
-    def novel_targets(self, model, z1, z2, valid, state, buffer, rank):
+    def novel_targets(self, model, z1, z2, valid, step):
         """``[n, n]`` pair labels of the valid rows of this rank (no OT, no exchange)."""
         if not getattr(model, "learnable_prototypes", False):
             raise MethodConfigError("method 'autonovel' trains its prototypes: set model.prototypes=learnable")

@@ -1,27 +1,64 @@
-"""The method protocol the train loop dispatches through, and the faithful NCDLR method (method.md §3-4).
+"""The method protocol the train loop dispatches through, its configuration, and what a method needs of a model.
 
 One training step (``ncdlr.service.train_loop.train_step``) embeds the four view batches once, then asks
-the run's :class:`Method` for
+the run's :class:`Method` (built once per worker by :func:`ncdlr.methods.build_method`) for
 
 1. ``known_loss(model, z1, z2, labels)`` — supervised loss of the valid known rows, both views;
-2. ``novel_targets(model, z1, z2, valid, state, buffer, rank)`` — detached targets for the novel rows
-   (soft pseudo-labels, or AutoNovel's pairwise labels) and phase times ``{"exchange", "ot"}``;
+2. ``novel_targets(model, z1, z2, valid, step)`` — detached targets for the novel rows (soft pseudo-labels
+   from the discovery step, or AutoNovel's pairwise labels) and phase times ``{"exchange", "ot"}``;
 3. ``novel_loss(model, z1, z2, targets, valid)`` — the unsupervised loss (swapped prediction where the
    method has it);
 
 and at evaluation ``predict_logits(model, z)`` gives the ``[N, K]`` scores whose argmax over all ``K``
 classes is the (task-agnostic) prediction. Post-hoc fixes (:mod:`ncdlr.methods.posthoc`,
 :mod:`ncdlr.methods.crt`) act on those scores and on the frozen embeddings.
+
+A method's distributed parts (the shared buffer, the all-gather, the rank) are wired in once with
+:meth:`Method.connect`; the method itself knows nothing of Ray.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
+from ncdlr.buffer import SharedBuffer
+from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.losses import prototype_cross_entropy, prototype_mse
+
+from .discovery import Gather, single_process
+
+
+@dataclass
+class MethodConfig:
+    """Which discovery method trains the model (``ncdlr.methods``; issue 6): the paper's or a baseline."""
+
+    name: str = "ncdlr"  #: "ncdlr" (ETF + MSE + adaptive self-labeling) | "uno" | "autonovel" (each sets the prototypes and buffer it needs)
+    loss: str = "auto"  #: "auto" (ncdlr: mse; uno/autonovel: ce) | "mse" | "ce" — the MSE-vs-CE ablation of ncdlr
+    temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
+    topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics
+    consistency: float = 0.0  #: autonovel: weight of the two-view MSE between novel probabilities (0 → off)
+    posthoc: str = "none"  #: evaluation only: "none" | "la" (logit adjustment by the pseudo-label prior) | "crt" (class-balanced classifier re-training) | "la+crt" (cRT, then LA on its logits)
+    crt_epochs: int = 10  #: epochs of the cRT classifier re-training (posthoc crt / la+crt)
+
+
+class PrototypeModel(Protocol):
+    """What a method needs of a model: unit embeddings ``z = model(x) [N, D]`` and ``K = Ks + Ku`` prototypes."""
+
+    num_known: int
+    num_novel: int
+    learnable_prototypes: bool
+
+    def class_prototypes(self) -> Tensor:
+        """``[D, K]`` unit-norm prototypes, known columns first."""
+
+    def logits(self, z: Tensor) -> Tensor:
+        """``[N, K]`` cosines ``z·p_k``."""
 
 
 class MethodConfigError(ValueError):
@@ -37,19 +74,38 @@ class Method(abc.ABC):
     """Base: a supervised known-class loss and a prediction rule over the model's (unit) prototypes.
 
     Args:
-        loss: ``"mse"`` (``Σ_k q_k ‖z - p_k‖²``, the paper's) or ``"ce"`` (cross-entropy on ``z·p_k / T``).
-        temperature: ``T`` of the cross-entropy.
+        cfg: the ``method`` config section; ``loss = "auto"`` takes the method's :attr:`default_loss`.
+        labeler: the stateful self-labeler this method trains with (checkpointed, reports ``τ``), or None.
     """
 
-    name = "base"
+    name: ClassVar[str] = "base"
+    default_loss: ClassVar[str] = "mse"
+    #: Settings (``section.key`` → value) this method needs. The service applies them as defaults under the
+    #: user's explicit settings and refuses an explicit contradiction before training starts.
+    requires: ClassVar[Mapping[str, object]] = {}
 
-    def __init__(self, loss: str = "mse", temperature: float = 0.1):
+    def __init__(self, cfg: MethodConfig, labeler: AdaptiveSelfLabeler | None = None):
+        loss = self.default_loss if cfg.loss == "auto" else cfg.loss
         if loss not in ("mse", "ce"):
-            raise MethodConfigError(f"method.loss must be mse or ce, got {loss!r}")
-        if temperature <= 0:
-            raise MethodConfigError(f"method.temperature must be > 0, got {temperature}")
+            raise MethodConfigError(f"method.loss must be auto, mse or ce, got {cfg.loss!r}")
+        if cfg.temperature <= 0:
+            raise MethodConfigError(f"method.temperature must be > 0, got {cfg.temperature}")
         self.loss = loss
-        self.temperature = temperature
+        self.temperature = cfg.temperature
+        self.labeler = labeler
+
+    @property
+    def uses_buffer(self) -> bool:
+        """Whether :meth:`connect` should be given the shared logit buffer."""
+        return False
+
+    def connect(self, *, buffer: SharedBuffer | None = None, gather: Gather = single_process, rank: int = 0) -> None:
+        """Wire in the distributed parts once per worker: the shared buffer, the ranks' all-gather, this rank."""
+
+    @property
+    def imbalance_factor(self) -> float:
+        """``τ`` of the labeler's cluster-size prior (1 without a labeler)."""
+        return self.labeler.imbalance_factor if self.labeler is not None else 1.0
 
     def prototype_loss(self, z: Tensor, prototypes: Tensor, targets: Tensor) -> Tensor:
         """``z [N, D]``, ``prototypes [D, K]``, hard ``[N]`` or soft ``[N, K]`` targets → scalar."""
@@ -57,47 +113,27 @@ class Method(abc.ABC):
             return prototype_mse(z, prototypes, targets)
         return prototype_cross_entropy(z, prototypes, targets, self.temperature)
 
-    def known_loss(self, model, z1: Tensor, z2: Tensor, labels: Tensor) -> Tensor:
+    def known_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, labels: Tensor) -> Tensor:
         """``½ Σ_views loss(z_v, P, y)`` over the known rows ``z_v [n, D]``, ``labels [n]`` in ``0..Ks-1``."""
         prototypes = model.class_prototypes()
         return 0.5 * (self.prototype_loss(z1, prototypes, labels) + self.prototype_loss(z2, prototypes, labels))
 
     @abc.abstractmethod
-    def novel_targets(self, model, z1: Tensor, z2: Tensor, valid: Tensor, state, buffer, rank: int
+    def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int
                       ) -> tuple[Tensor, dict[str, float]]:
         """Detached targets for this rank's novel rows ``z_v [B, D]`` (``valid [B]`` bool) and phase times."""
 
     @abc.abstractmethod
-    def novel_loss(self, model, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
+    def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
         """Scalar unsupervised loss of the valid novel rows given :meth:`novel_targets`' output."""
 
-    def predict_logits(self, model, z: Tensor) -> Tensor:
-        """``[N, K]`` cosines ``z·p_k`` (argmax over all K = the task-agnostic prediction)."""
-        return model.logits(z)
-
-
-class NCDLR(Method):
-    """The paper's method: known + swapped novel loss against the prototypes, labels from the adaptive OT.
-
-    Novel logits ``S_v = z_v P^u`` of both views are labelled together by ``state.labeler`` on the shared
-    buffer (``ncdlr.service.train_loop.pseudo_labels``: gathered over ranks, history + current rows), and
-    ``L_u = ½ (loss(z_2, q_1) + loss(z_1, q_2))``. With the defaults (fixed ETF, ``mse``, adaptive prior,
-    buffer on) this is method.md §3-4 exactly; ``loss="ce"``, learnable prototypes, the prior and the
-    buffer switch give the paper's ablations.
-    """
-
-    name = "ncdlr"
-
-    def novel_targets(self, model, z1, z2, valid, state, buffer, rank):
-        """``[2, B, Ku]`` detached soft labels (view 1, view 2); invalid rows are zeros."""
-        from ncdlr.service.train_loop import pseudo_labels
-
-        pu = model.class_prototypes()[:, model.num_known:]
-        scores = torch.stack([z1 @ pu, z2 @ pu]).detach()
-        return pseudo_labels(scores, valid, state.labeler, buffer, state.step, rank)
-
-    def novel_loss(self, model, z1, z2, targets, valid):
+    def swapped_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
+        """Swapped prediction ``½ (loss(z_2, q_1) + loss(z_1, q_2))`` over the valid rows; ``targets [2, B, Ku]``."""
         prototypes = model.class_prototypes()
         q = targets.to(z1.device)
         q1, q2 = (pad_novel(q[v][valid], model.num_known) for v in (0, 1))
         return 0.5 * (self.prototype_loss(z2[valid], prototypes, q1) + self.prototype_loss(z1[valid], prototypes, q2))
+
+    def predict_logits(self, model: PrototypeModel, z: Tensor) -> Tensor:
+        """``[N, K]`` cosines ``z·p_k`` (argmax over all K = the task-agnostic prediction)."""
+        return model.logits(z)

@@ -11,42 +11,46 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ncdlr.ot import AdaptiveSelfLabeler
+from ncdlr.buffer import SharedBuffer
+from ncdlr.labeler import AdaptiveSelfLabeler
 
-from .base import Method, MethodConfigError, pad_novel
+from .base import Method, MethodConfig, MethodConfigError, PrototypeModel
+from .discovery import Discovery, Gather, single_process
 
 
 class UNO(Method):
-    """Balanced-Sinkhorn swapped prediction with learnable prototypes and cross-entropy."""
+    """Balanced-Sinkhorn swapped prediction with learnable prototypes and cross-entropy.
+
+    Args:
+        balanced: a labeler with the uniform prior (nothing learned).
+    """
 
     name = "uno"
+    default_loss = "ce"
+    requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
 
-    def __init__(self, loss: str = "ce", temperature: float = 0.1, eps: float = 0.05, n_iters: int = 3):
-        super().__init__(loss, temperature)
-        self.eps = eps
-        self.n_iters = n_iters
+    def __init__(self, cfg: MethodConfig, balanced: AdaptiveSelfLabeler):
+        super().__init__(cfg, balanced)
+        self.discovery = Discovery(balanced)
+
+    def connect(self, *, buffer: SharedBuffer | None = None, gather: Gather = single_process, rank: int = 0) -> None:
+        self.discovery = Discovery(self.labeler, None, gather, rank)
 
     @staticmethod
-    def check_model(model) -> None:
+    def check_model(model: PrototypeModel) -> None:
         if not getattr(model, "learnable_prototypes", False):
             raise MethodConfigError("method 'uno' trains its prototypes: set model.prototypes=learnable")
 
-    def novel_targets(self, model, z1, z2, valid, state, buffer, rank):
+    def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int):
         """``[2, B, Ku]`` balanced-Sinkhorn labels, each view solved on its own gathered batch."""
-        from ncdlr.service.train_loop import pseudo_labels
-
         self.check_model(model)
         pu = model.class_prototypes()[:, model.num_known:]
-        balanced = AdaptiveSelfLabeler(model.num_novel, prior="uniform", eps=self.eps, n_iters=self.n_iters)
         out, times = [], {"exchange": 0.0, "ot": 0.0}
         for z in (z1, z2):
-            q, t = pseudo_labels((z @ pu).detach()[None], valid, balanced, None, state.step, rank)
+            q, t = self.discovery((z @ pu).detach()[None], valid, step)
             out.append(q[0])
             times = {k: times[k] + t[k] for k in times}
         return torch.stack(out), times
 
-    def novel_loss(self, model, z1, z2, targets: Tensor, valid):
-        prototypes = model.class_prototypes()
-        q = targets.to(z1.device)
-        q1, q2 = (pad_novel(q[v][valid], model.num_known) for v in (0, 1))
-        return 0.5 * (self.prototype_loss(z2[valid], prototypes, q1) + self.prototype_loss(z1[valid], prototypes, q2))
+    def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
+        return self.swapped_loss(model, z1, z2, targets, valid)

@@ -65,7 +65,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, labeler: nn.Module, buffer: dict | None, step: int, epoch: int,
+                    scheduler: Any, labeler: nn.Module | None, buffer: dict | None, step: int, epoch: int,
                     rng: list[dict[str, Any]], config: dict, metrics: dict[str, float] | None = None,
                     tau_history: list[float] | None = None) -> Path:
     """Write ``directory/state.pt`` atomically (temp file then rename) and return its path."""
@@ -76,7 +76,8 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
         "model": model_state(model),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "labeler": {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in labeler.state_dict().items()},
+        "labeler": {} if labeler is None else
+                   {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in labeler.state_dict().items()},
         "buffer": buffer,
         "step": int(step),
         "epoch": int(epoch),
@@ -136,7 +137,8 @@ def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
     state.model.to(state.device)
     state.optimizer.load_state_dict(payload["optimizer"])
     state.scheduler.load_state_dict(payload["scheduler"])
-    state.labeler.load_state_dict(payload["labeler"])
+    if state.labeler is not None:
+        state.labeler.load_state_dict(payload["labeler"])
     state.step = int(payload["step"])
     state.epoch = int(payload["epoch"])
     state.tau_history = list(payload.get("tau_history", []))

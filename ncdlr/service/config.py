@@ -6,6 +6,11 @@ One source of truth for every knob of a training run. A YAML file has one mappin
 (dashes and underscores are interchangeable). Unknown sections/keys and values of the wrong type
 are rejected with a :class:`ConfigError` that names the key. The resolved config is written to the
 run directory as ``config.yaml`` so a run can be re-created and evaluated later.
+
+Each layer owns its own section: ``labeler`` is :class:`ncdlr.labeler.LabelerConfig`, ``method`` is
+:class:`ncdlr.methods.MethodConfig`; the labeler and the method are built straight from them. A method's
+:attr:`~ncdlr.methods.Method.requires` (UNO: learnable prototypes, no buffer) are applied under the settings
+given explicitly (YAML or command line), and an explicit contradiction is refused (:func:`resolve`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ncdlr.labeler import LabelerConfig
+from ncdlr.methods import METHODS, MethodConfig
+from ncdlr.priors import PRIORS
 
 
 class ConfigError(ValueError):
@@ -55,23 +64,6 @@ class ModelConfig:
 
 
 @dataclass
-class LabelerConfig:
-    """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
-
-    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" (ORACLE ablation: the true novel training counts) | "free" | "bounded" (τ ≤ max_imbalance) | "anchored" (KL to w(max_imbalance))
-    eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
-    n_iters: int = 3  #: T, Sinkhorn iterations per solve
-    outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
-    gamma: float = 500.0  #: γ, weight of KL(ν‖w)/Ku; tune per Ku (method.md §4 trap a)
-    lr: float = 0.1  #: SGD learning rate of t
-    momentum: float = 0.99  #: SGD momentum of t
-    init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
-    buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
-    use_buffer: bool = True  #: off → solve on the current gathered batch only
-    max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
-
-
-@dataclass
 class OptimConfig:
     """AdamW with linear warm-up then cosine decay (method.md §7)."""
 
@@ -100,19 +92,7 @@ class RunConfig:
     resume: str = ""  #: checkpoint directory to resume from (exact resume)
     log_every: int = 20  #: steps between progress lines in the job log
     evaluate: bool = True  #: evaluate on the test split and write the report after training
-
-
-@dataclass
-class MethodConfig:
-    """Which discovery method trains the model (``ncdlr.methods``; issue 6): the paper's or a baseline."""
-
-    name: str = "ncdlr"  #: "ncdlr" (ETF + MSE + adaptive self-labeling) | "uno" | "autonovel" (both need prototypes=learnable)
-    loss: str = "auto"  #: "auto" (ncdlr: mse; uno/autonovel: ce) | "mse" | "ce" — the MSE-vs-CE ablation of ncdlr
-    temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
-    topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics
-    consistency: float = 0.0  #: autonovel: weight of the two-view MSE between novel probabilities (0 → off)
-    posthoc: str = "none"  #: evaluation only: "none" | "la" (logit adjustment by the pseudo-label prior) | "crt" (class-balanced classifier re-training) | "la+crt" (cRT, then LA on its logits)
-    crt_epochs: int = 10  #: epochs of the cRT classifier re-training (posthoc crt / la+crt)
+    verbose: bool = False  #: also show Ray's own output (worker logs, report dicts, checkpoint lines) and full tracebacks
 
 
 @dataclass
@@ -130,9 +110,9 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.head": ("auto", "identity", "expand", "linear", "mlp"),
-    "labeler.prior": ("adaptive", "uniform", "fixed", "free", "bounded", "anchored"),
+    "labeler.prior": tuple(PRIORS),
     "model.prototypes": ("etf", "learnable"),
-    "method.name": ("ncdlr", "uno", "autonovel"),
+    "method.name": tuple(METHODS),
     "method.loss": ("auto", "mse", "ce"),
     "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
@@ -206,25 +186,60 @@ def _set(cfg: Config, key: str, value: Any, *, from_text: bool) -> None:
     setattr(section, name, coerced)
 
 
-def from_dict(data: dict[str, Any] | None, base: Config | None = None) -> Config:
-    """Build a Config from a nested mapping ``{section: {key: value}}``; unknown keys raise ConfigError."""
-    cfg = base if base is not None else Config()
+@dataclass(frozen=True)
+class Setting:
+    """One value given explicitly: ``key`` is ``section.key`` (or a unique bare key); command-line values are
+    text (``from_text``), YAML values typed."""
+
+    key: str
+    value: Any
+    from_text: bool = False
+
+
+def _apply_method_requirements(cfg: Config, explicit: set[str]) -> None:
+    """Set what ``cfg.method.name`` requires (``Method.requires``); refuse an explicit contradiction."""
+    for key, needed in METHODS[cfg.method.name].requires.items():
+        section, _, name = key.partition(".")
+        current = getattr(getattr(cfg, section), name)
+        if key in explicit and current != needed:
+            raise ConfigError(f"method.name={cfg.method.name!r} needs {key}={needed!r}, but the config sets "
+                              f"{key}={current!r}; drop that setting or change it")
+        setattr(getattr(cfg, section), name, needed)
+
+
+def resolve(settings: list[Setting]) -> Config:
+    """The Config of the built-in defaults, the method's requirements and ``settings`` (later ones win).
+
+    Every key and value is checked once here (:class:`ConfigError` names the key).
+    """
+    cfg = Config()
+    explicit: set[str] = set()
+    for setting in settings:
+        key = resolve_key(setting.key)
+        _set(cfg, key, setting.value, from_text=setting.from_text)
+        explicit.add(key)
+    _apply_method_requirements(cfg, explicit)
+    return cfg
+
+
+def dict_settings(data: dict[str, Any] | None, source: str = "config") -> list[Setting]:
+    """``{section: {key: value}}`` → settings; a malformed mapping raises ConfigError naming ``source``."""
     if data is None:
-        return cfg
+        return []
     if not isinstance(data, dict):
-        raise ConfigError(f"config must be a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(f"{source} must be a mapping of sections, got {type(data).__name__}")
+    out = []
     for section_name, values in data.items():
         if section_name not in _sections():
             raise ConfigError(f"unknown config section {section_name!r} (sections: {', '.join(_sections())})")
         if not isinstance(values, dict):
             raise ConfigError(f"config section {section_name!r} must be a mapping, got {type(values).__name__}")
-        for name, value in values.items():
-            _set(cfg, f"{section_name}.{name}", value, from_text=False)
-    return cfg
+        out += [Setting(f"{section_name}.{name}", value) for name, value in values.items()]
+    return out
 
 
-def load_yaml(path: str | Path, base: Config | None = None) -> Config:
-    """Read a YAML config file (sections → keys) on top of ``base`` (default: all defaults)."""
+def yaml_settings(path: str | Path) -> list[Setting]:
+    """The settings of a YAML config file (sections → keys)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -233,9 +248,43 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
     try:
-        return from_dict(data, base)
+        settings = dict_settings(data, f"config file {str(path)!r}")
+        for setting in settings:  # check keys now, so errors name the file
+            _set(Config(), setting.key, setting.value, from_text=False)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+    return settings
+
+
+def override_settings(overrides: list[str]) -> list[Setting]:
+    """``["--key", "value", "--section.key=value", ...]`` → settings (values as text)."""
+    out: list[Setting] = []
+    i = 0
+    while i < len(overrides):
+        token = overrides[i]
+        if not token.startswith("--"):
+            raise ConfigError(f"expected an option --key, got {token!r}")
+        body = token[2:]
+        if "=" in body:
+            key, value = body.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(overrides):
+                raise ConfigError(f"config key {body!r} has no value")
+            key, value = body, overrides[i + 1]
+            i += 2
+        out.append(Setting(key, value, from_text=True))
+    return out
+
+
+def from_dict(data: dict[str, Any] | None) -> Config:
+    """Build a Config from a nested mapping ``{section: {key: value}}``; unknown keys raise ConfigError."""
+    return resolve(dict_settings(data))
+
+
+def load_yaml(path: str | Path) -> Config:
+    """Read a YAML config file (sections → keys) on top of the defaults."""
+    return resolve(yaml_settings(path))
 
 
 def resolve_key(key: str) -> str:
@@ -252,29 +301,16 @@ def resolve_key(key: str) -> str:
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Apply ``["--key", "value", "--section.key=value", ...]`` to ``cfg`` in place and return it."""
-    i = 0
-    while i < len(overrides):
-        token = overrides[i]
-        if not token.startswith("--"):
-            raise ConfigError(f"expected an option --key, got {token!r}")
-        body = token[2:]
-        if "=" in body:
-            key, value = body.split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(overrides):
-                raise ConfigError(f"config key {body!r} has no value")
-            key, value = body, overrides[i + 1]
-            i += 2
-        _set(cfg, resolve_key(key), value, from_text=True)
+    """Set ``["--key", "value", "--section.key=value", ...]`` on ``cfg`` in place and return it (no method
+    requirements applied: :func:`load_config` is the full resolution)."""
+    for setting in override_settings(overrides):
+        _set(cfg, resolve_key(setting.key), setting.value, from_text=True)
     return cfg
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults ← YAML file (if any) ← command-line overrides."""
-    cfg = load_yaml(path) if path else Config()
-    return apply_overrides(cfg, list(overrides or []))
+    """Defaults ← the method's requirements ← YAML file (if any) ← command-line overrides."""
+    return resolve((yaml_settings(path) if path else []) + override_settings(list(overrides or [])))
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
@@ -297,11 +333,11 @@ def _field_docs() -> dict[str, str]:
     return docs
 
 
-def add_override_arguments(parser) -> None:
+def add_override_arguments(parser, exclude: tuple[str, ...] = ()) -> None:
     """Register every config field as ``--section.key`` (and ``--key`` when unique) on an argparse parser.
 
-    Values stay strings here; :func:`overrides_from_args` turns the given ones into an override list that
-    :func:`apply_overrides` validates (so type errors name the key, as for YAML).
+    Values stay text here; :func:`args_settings` hands the given ones to :func:`resolve`, which checks them
+    (so type errors name the key, as for YAML). ``exclude``: ``section.key`` fields a command sets itself.
     """
     defaults = Config().to_dict()
     docs = _field_docs()
@@ -312,6 +348,8 @@ def add_override_arguments(parser) -> None:
     group = parser.add_argument_group("config overrides (any field of configs/*.yaml; default from the YAML file)")
     for section, values in defaults.items():
         for key, default in values.items():
+            if f"{section}.{key}" in exclude:
+                continue
             flags = [f"--{section}.{key}"]
             if counts[key] == 1:
                 flags.insert(0, f"--{key.replace('_', '-')}")
@@ -322,10 +360,7 @@ def add_override_arguments(parser) -> None:
                                help=f"{docs.get(f'{section}.{key}', '')} [built-in default: {default!r}]")
 
 
-def overrides_from_args(args) -> list[str]:
-    """The ``--section.key value`` list for every override flag given on the command line."""
-    out: list[str] = []
-    for dest, value in vars(args).items():
-        if dest.startswith("override:") and value is not None:
-            out += [f"--{dest[len('override:'):]}", value]
-    return out
+def args_settings(args) -> list[Setting]:
+    """The settings of every override flag given on the command line (:func:`add_override_arguments`)."""
+    return [Setting(dest[len("override:"):], value, from_text=True)
+            for dest, value in vars(args).items() if dest.startswith("override:") and value is not None]

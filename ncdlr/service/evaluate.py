@@ -18,6 +18,7 @@ import torch
 
 from .checkpoint import load_checkpoint, load_model_state
 from .config import Config, load_yaml
+from .run_data import TrainingData, load_training_data, pipeline_config
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +33,17 @@ def load_trained_model(cfg: Config, checkpoint: str, num_known: int, num_novel: 
     return model.eval(), payload
 
 
-def _test_inputs(cfg: Config, split: str, model) -> tuple[list[torch.Tensor], np.ndarray, list[str] | None]:
+def _test_inputs(cfg: Config, data: TrainingData, split: str) -> tuple[list[torch.Tensor], np.ndarray, list[str] | None]:
     """Eval batches, true labels and source ids of ``split`` (feature table or prepared image dataset)."""
-    if cfg.data.features:
-        from .embed import read_feature_table
-
-        splits = read_feature_table(cfg.data.features)
-        x = splits.features[split]
-        return list(x.split(cfg.data.eval_batch_size)), splits.labels[split].numpy(), None
+    if data.features is not None:
+        if split not in data.features.features:
+            raise ValueError(f"the run's feature table {cfg.data.features!r} has no {split!r} split")
+        x = data.features.features[split]
+        return list(x.split(cfg.data.eval_batch_size)), data.features.labels[split].numpy(), None
     from ncdlr.data import pipeline
 
-    from .trainer import pipeline_config
-
-    raw = pipeline.load_splits(cfg.data.uri, [split], endpoint_url=cfg.data.endpoint_url or None)[split]
+    raw = pipeline.load_splits(cfg.data.uri, [split], endpoint_url=cfg.data.endpoint_url or None,
+                               manifest=data.manifest)[split]
     ds = pipeline.with_eval_view(raw, pipeline_config(cfg, eval_mode=True))
     inputs, labels, ids, bad = [], [], [], 0
     for batch in ds.iter_batches(batch_size=cfg.data.eval_batch_size, batch_format="numpy"):
@@ -58,12 +57,15 @@ def _test_inputs(cfg: Config, split: str, model) -> tuple[list[torch.Tensor], np
     return inputs, np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64), ids
 
 
-def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test", posthoc: str = "") -> dict:
+def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test", posthoc: str = "",
+                 data: TrainingData | None = None) -> dict:
     """Evaluate run ``run_dir`` (its ``config.yaml`` and ``checkpoint`` or ``checkpoint.txt``); write the report.
 
     ``posthoc`` (``none|la|crt|la+crt``; empty → the run's ``method.posthoc``) applies a post-hoc fix
     (:func:`ncdlr.methods.posthoc.posthoc_scores`) before the report; ``metrics.json`` then holds the fixed
     predictions' metrics, ``posthoc`` naming the fix and ``without_posthoc_all/known/novel`` the plain ones.
+
+    ``data``: the run's data when the caller has read it already (the trainer); else read from the config.
 
     Returns the metrics dict written to ``metrics.json``.
     """
@@ -72,7 +74,6 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test",
 
     from .num_novel import model_num_novel
     from .train_loop import predict
-    from .trainer import summarize_data
 
     run_dir = Path(run_dir)
     config_file = run_dir / "config.yaml"
@@ -84,10 +85,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test",
         if not pointer.is_file():
             raise FileNotFoundError(f"run directory {str(run_dir)!r} has no checkpoint.txt; pass the checkpoint")
         checkpoint = pointer.read_text().strip()
-    summary = summarize_data(cfg)
+    data = data or load_training_data(cfg.data)
+    summary = data.summary
     model, payload = load_trained_model(cfg, checkpoint, summary.num_known, model_num_novel(cfg, summary))
     device = torch.device("cpu")
-    inputs, y_true, source_ids = _test_inputs(cfg, split, model)
+    inputs, y_true, source_ids = _test_inputs(cfg, data, split)
     if len(y_true) == 0:
         raise ValueError(f"split {split!r} of the run's data is empty; nothing to evaluate")
     y_pred = predict(model, inputs, device)
@@ -96,7 +98,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test",
     if posthoc != "none":
         plain = cluster_accuracy(y_true, y_pred, summary.num_known, summary.train_counts)
         extra.update({f"without_posthoc_{k}": plain[k] for k in ("all", "known", "novel")})
-        y_pred = posthoc_predictions(cfg, model, inputs, posthoc)
+        y_pred = posthoc_predictions(cfg, data, model, inputs, posthoc)
     training = {f"train_{k}": float(v) for k, v in payload.get("metrics", {}).items() if isinstance(v, (int, float))}
     metrics = write_run_report(
         run_dir, y_true=y_true, y_pred=y_pred, num_known=summary.num_known, train_counts=summary.train_counts,
@@ -120,7 +122,8 @@ def _estimate_metrics(run_dir: Path) -> dict:
     return {"num_novel_estimated": record["num_novel"], "num_novel_estimate_s": record["seconds"]}
 
 
-def posthoc_predictions(cfg: Config, model, test_inputs: list[torch.Tensor], posthoc: str) -> np.ndarray:
+def posthoc_predictions(cfg: Config, data: TrainingData, model, test_inputs: list[torch.Tensor], posthoc: str
+                        ) -> np.ndarray:
     """``[N]`` predictions after the post-hoc fix ``posthoc`` (la | crt | la+crt), on CPU.
 
     Not under ``no_grad``: cRT trains the classifier. Embeds the test inputs and the known + novel training splits (eval view) with the trained model;
@@ -129,7 +132,7 @@ def posthoc_predictions(cfg: Config, model, test_inputs: list[torch.Tensor], pos
     from ncdlr.methods import build_method
     from ncdlr.methods.posthoc import posthoc_scores
 
-    method = build_method(cfg)
+    method = build_method(cfg.method, cfg.labeler, model.num_novel)
 
     @torch.no_grad()
     def embed(inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -138,8 +141,8 @@ def posthoc_predictions(cfg: Config, model, test_inputs: list[torch.Tensor], pos
 
     model.eval()
     z_test = embed(test_inputs)
-    known_inputs, known_labels, _ = _test_inputs(cfg, "known", model)
-    novel_inputs, _, _ = _test_inputs(cfg, "novel", model)
+    known_inputs, known_labels, _ = _test_inputs(cfg, data, "known")
+    novel_inputs, _, _ = _test_inputs(cfg, data, "novel")
     z_known, z_novel = embed(known_inputs), embed(novel_inputs)
     if len(z_known) == 0 or len(z_novel) == 0:
         raise ValueError(f"posthoc {posthoc!r} needs the known and novel training splits; one is empty")

@@ -1,28 +1,27 @@
 """Train one method on in-memory feature splits with the service's own loop (W = 1) and evaluate it.
 
-The benchmark (``benchmarks/quality.py``) and the tests call this instead of Ray Train: with one worker
-the service's step (``ncdlr.service.train_loop.train_step`` via ``run_epoch`` on ``feature_batches``) is
-exactly the single-process algorithm (method.md §4.7), and no Ray start-up is paid per grid cell.
-Evaluation follows method.md §5 (one Hungarian matching over all classes, class-mean accuracies,
+The quality benchmark (``benchmarks/quality.py``), the γ rehearsal and the tests call this instead of Ray
+Train: with one worker the service's step (:func:`~ncdlr.service.train_loop.train_step` via ``run_epoch`` on
+``feature_batches``) is exactly the single-process algorithm (method.md §4.7), and no Ray start-up is paid per
+grid cell. Evaluation follows method.md §5 (one Hungarian matching over all classes, class-mean accuracies,
 Head/Medium/Tail by training count, last epoch — never selected on test), for the plain predictions and
 for the post-hoc +LA and +cRT variants of the same trained model.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ncdlr.buffer import LocalBuffer
+from ncdlr.data.features import FeatureSplits
+from ncdlr.methods import Method, build_method, logit_adjustment, pseudo_label_counts, retrain_classifier
 from ncdlr.metrics import cluster_accuracy
-from ncdlr.ot import AdaptiveSelfLabeler
 
-from . import build_method
-from .crt import retrain_classifier
-from .posthoc import logit_adjustment, pseudo_label_counts
+from .config import Config
 
 
 @dataclass
@@ -30,48 +29,52 @@ class TrainedRun:
     """A trained model with what evaluation needs."""
 
     model: torch.nn.Module
-    method: object
+    method: Method
     tau_history: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
 
-def build_labeler(cfg, splits) -> AdaptiveSelfLabeler:
-    """The run's labeler; ``prior="fixed"`` gets the true novel training counts (the paper's oracle ablation)."""
-    lab = cfg.labeler
-    fixed = None
-    if lab.prior == "fixed":
-        counts = torch.tensor(splits.train_counts()[splits.num_known:], dtype=torch.float32)
-        fixed = counts
-    return AdaptiveSelfLabeler(splits.num_novel, prior=lab.prior, eps=lab.eps, n_iters=lab.n_iters,
-                               outer_steps=lab.outer_steps, gamma=lab.gamma, lr=lab.lr, momentum=lab.momentum,
-                               init_t=lab.init_t, fixed_prior=fixed, max_imbalance=lab.max_imbalance or None)
+def oracle_prior(cfg: Config, splits: FeatureSplits) -> torch.Tensor | None:
+    """The true novel training counts ``[Ku]`` for ``labeler.prior=fixed`` (the paper's oracle ablation), else None."""
+    if cfg.labeler.prior != "fixed":
+        return None
+    return torch.tensor(splits.train_counts()[splits.num_known:], dtype=torch.float32)
 
 
-def known_imbalance(splits) -> float:
+def known_imbalance(splits: FeatureSplits) -> float:
     """``n_max / n_min`` over the known classes' training counts (observable; the bounded prior's τ_max)."""
     counts = np.asarray(splits.train_counts()[: splits.num_known], dtype=float)
     counts = counts[counts > 0]
     return float(counts.max() / counts.min())
 
 
-def train(cfg, splits) -> TrainedRun:
+def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device | str = "cpu",
+                fixed_prior: torch.Tensor | None = None):
+    """A single-process :class:`~ncdlr.service.train_loop.WorkerState`: ``cfg``'s method for ``model.num_novel``
+    clusters, with a :class:`~ncdlr.buffer.LocalBuffer` on ``device`` when the method uses the buffer."""
+    from .train_loop import build_worker_state
+
+    method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior)
+    if method.uses_buffer:
+        method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel, device))
+    return build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device))
+
+
+def train(cfg: Config, splits: FeatureSplits) -> TrainedRun:
     """Train ``cfg`` (method, model, labeler, optim, data.batch_size/feature_noise) on ``splits`` (known, novel)."""
     from ncdlr.models import build_model
-    from ncdlr.service.train_loop import LocalBuffer, build_worker_state, feature_batches, run_epoch, steps_per_epoch
+
+    from .train_loop import feature_batches, run_epoch, steps_per_epoch
 
     start = time.perf_counter()
     torch.manual_seed(cfg.run.seed)
     cfg.model.encoder, cfg.model.feature_dim = "identity", splits.dim
     model = build_model(cfg.model, splits.num_known, splits.num_novel)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)
-    plain = copy.deepcopy(cfg)
-    plain.labeler.prior = "uniform"  # build_worker_state cannot give prior="fixed" its counts; ours replaces it
-    state = build_worker_state(plain, model, steps, torch.device("cpu"))
-    state.labeler = build_labeler(cfg, splits)
-    buffer = LocalBuffer(cfg.labeler.buffer_size, splits.num_novel) if cfg.labeler.use_buffer else None
+    state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits))
     for epoch in range(cfg.optim.epochs):
-        run_epoch(state, feature_batches(splits, cfg, epoch, 0, 1), cfg, buffer)
-    return TrainedRun(model.eval(), build_method(cfg), list(state.tau_history), time.perf_counter() - start)
+        run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)
+    return TrainedRun(model.eval(), state.method, list(state.tau_history), time.perf_counter() - start)
 
 
 @torch.no_grad()

@@ -60,24 +60,23 @@ def fixed_prior_counts(cfg, summary) -> torch.Tensor | None:
     return torch.tensor(counts, dtype=torch.float32)
 
 
-def _training_features(cfg, output: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+def _training_features(cfg, data, output: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     """``features [N, D]``, ``labels [N]``, ``labeled [N]`` of the known + novel training rows, and their source."""
-    from ncdlr.commands.estimate_k import read_feature_table
+    from ncdlr.data.features import read_feature_table
 
-    if cfg.data.features:
-        return (*read_feature_table(cfg.data.features), cfg.data.features)
+    if data.features is not None:  # feature-table mode: the table the driver has read already
+        return (*data.features.labeled_rows(), cfg.data.features)
     from .embed import embed_dataset
 
     table = str(output / "estimate_k_features.parquet")
     log.info("model.num_novel=auto: embedding the known and novel splits of %s with the frozen %s first",
              cfg.data.uri, cfg.model.encoder)
     embed_dataset(cfg.data.uri, table, encoder=cfg.model.encoder, pretrained=cfg.model.pretrained,
-                  image_size=cfg.data.image_size, splits=("known", "novel"),
-                  endpoint_url=cfg.data.endpoint_url or None)
-    return (*read_feature_table(table), table)
+                  image_size=cfg.data.image_size, splits=("known", "novel"), endpoint_url=cfg.data.endpoint_url or None)
+    return (*read_feature_table(table, splits=("known", "novel")).labeled_rows(), table)
 
 
-def resolve_num_novel(cfg, summary, output: str | Path) -> dict | None:
+def resolve_num_novel(cfg, data, output: str | Path) -> dict | None:
     """Replace ``model.num_novel="auto"`` in ``cfg`` by the estimate; write ``RUN/num_novel.json``.
 
     Returns the estimate record (``num_novel``, ``num_novel_true``, ``seconds``, ``beta``, ``k_max``,
@@ -88,7 +87,8 @@ def resolve_num_novel(cfg, summary, output: str | Path) -> dict | None:
     from ncdlr.estimate_k import EstimateKConfig, estimate_num_novel
 
     output = Path(output)
-    features, labels, labeled, source = _training_features(cfg, output)
+    features, labels, labeled, source = _training_features(cfg, data, output)
+    summary = data.summary
     result, _ = estimate_num_novel(features, labels, labeled, EstimateKConfig(seed=cfg.run.seed))
     if result.num_novel < 1:
         raise ValueError(f"model.num_novel=auto: ncdlr.estimate_k found Ku = 0 novel classes in {source} "

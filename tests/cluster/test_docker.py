@@ -94,7 +94,7 @@ def test_dependencies_install_from_the_lock_before_the_package():
 
 
 def test_configs_sit_beside_the_package_where_the_entry_points_look():
-    from ncdlr.train_inat2k import CONFIGS
+    from ncdlr.service.entry import CONFIGS
 
     assert CONFIGS == REPO / "configs"  # <package>/../configs: the editable install keeps that layout
     copies = instructions("COPY")

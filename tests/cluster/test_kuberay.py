@@ -149,7 +149,8 @@ def test_token_auth_uses_the_secret_the_readme_creates(raycluster, rayjob):
 
 def test_rayjob_entrypoint_parses_with_the_jobs_own_command_line(rayjob):
     from ncdlr.service.config import load_config
-    from ncdlr.train_inat2k import CONFIGS, build_parser
+    from ncdlr.service.entry import CONFIGS
+    from ncdlr.train_inat2k import build_parser
 
     args = build_parser().parse_args(shlex.split(rayjob["spec"]["entrypoint"])[3:])
     assert args.data.startswith("s3://")

@@ -10,9 +10,9 @@ import torch
 from ncdlr.models import build_model
 from ncdlr.service.checkpoint import rng_state, save_state
 from ncdlr.service.config import Config, save_config
-from ncdlr.service.embed import synthetic_features, write_feature_table
+from ncdlr.data.features import synthetic_features, write_feature_table
 from ncdlr.service.evaluate import evaluate_run, same_accuracy
-from ncdlr.service.train_loop import build_worker_state
+from ncdlr.service.local import local_state
 
 KS, KU = 4, 4
 
@@ -31,7 +31,7 @@ def _run_dir(tmp_path, *, novel_test_rows: bool):
     run.mkdir()
     save_config(cfg, run / "config.yaml")
     torch.manual_seed(0)
-    state = build_worker_state(cfg, build_model(cfg.model, KS, KU), 1, torch.device("cpu"))
+    state = local_state(cfg, build_model(cfg.model, KS, KU), 1)
     save_state(run / "checkpoint", state, buffer=None, rng=[rng_state()], config=cfg.to_dict())
     return run
 

@@ -19,8 +19,8 @@ from ncdlr.service.config import ConfigError, Config, from_dict, load_config
 from ncdlr.service.evaluate import evaluate_run
 from ncdlr.service.num_novel import (ESTIMATE_FILE, fixed_prior_counts, model_num_novel, read_estimate,
                                      resolve_num_novel)
-from ncdlr.service.train_loop import build_worker_state
-from ncdlr.service.trainer import DatasetSummary, summarize_data
+from ncdlr.methods import build_method
+from ncdlr.service.run_data import DatasetSummary, load_training_data
 from ncdlr.models import build_model
 from tests.fixtures.tiny_runs import TINY_KS, TINY_KU, make_run_dir, tiny_config, write_tiny_table
 
@@ -72,8 +72,7 @@ def test_unresolved_auto_is_refused():
 def test_resolve_auto_estimates_ku_on_the_feature_table_and_records_it(tmp_path):
     table = write_tiny_table(tmp_path / "f.parquet")
     cfg = tiny_config(table, tmp_path, model={"num_novel": "auto"})
-    summary = summarize_data(cfg)
-    record = resolve_num_novel(cfg, summary, tmp_path)
+    record = resolve_num_novel(cfg, load_training_data(cfg.data), tmp_path)
     assert abs(record["num_novel"] - TINY_KU) <= 0.2 * TINY_KU  # well-separated clusters: within ±20 %
     assert cfg.model.num_novel == str(record["num_novel"])
     assert record["num_novel_true"] == TINY_KU and record["features"] == table
@@ -82,7 +81,7 @@ def test_resolve_auto_estimates_ku_on_the_feature_table_and_records_it(tmp_path)
 
 def test_resolve_leaves_numbers_alone(tmp_path):
     cfg = tiny_config(write_tiny_table(tmp_path / "f.parquet"), tmp_path, model={"num_novel": "7"})
-    assert resolve_num_novel(cfg, summarize_data(cfg), tmp_path) is None
+    assert resolve_num_novel(cfg, load_training_data(cfg.data), tmp_path) is None
     assert cfg.model.num_novel == "7" and read_estimate(tmp_path) is None
 
 
@@ -128,17 +127,15 @@ def test_fixed_prior_with_no_novel_training_rows_is_refused():
         fixed_prior_counts(cfg, _summary(counts=(9, 8, 7, 0, 0, 0, 0)))
 
 
-def test_build_worker_state_gives_the_fixed_prior_its_counts(tmp_path):
+def test_build_method_gives_the_fixed_prior_its_counts(tmp_path):
     cfg = tiny_config(write_tiny_table(tmp_path / "f.parquet"), tmp_path, labeler={"prior": "fixed"})
-    summary = summarize_data(cfg)
-    cfg.model.feature_dim = summary.feature_dim
-    model = build_model(cfg.model, TINY_KS, TINY_KU)
+    summary = load_training_data(cfg.data).summary
     with pytest.raises(ValueError, match="fixed_prior"):  # the failure the service had before
-        build_worker_state(cfg, model, 1, torch.device("cpu"))
-    state = build_worker_state(cfg, model, 1, torch.device("cpu"), fixed_prior=fixed_prior_counts(cfg, summary))
+        build_method(cfg.method, cfg.labeler, TINY_KU)
+    method = build_method(cfg.method, cfg.labeler, TINY_KU, fixed_prior=fixed_prior_counts(cfg, summary))
     novel_counts = np.asarray(summary.train_counts[TINY_KS:], dtype=float)
     expected = np.sort(novel_counts)[::-1] / novel_counts.sum()
-    assert np.allclose(state.labeler.ranked_prior.numpy(), expected)
+    assert np.allclose(method.labeler.prior.ranked.numpy(), expected)
 
 
 def test_fixed_prior_run_trains_and_evaluates(tmp_path):

@@ -9,15 +9,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ncdlr.buffer import LocalBuffer
+from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.methods import Discovery
 from ncdlr.models import build_model
-from ncdlr.ot import AdaptiveSelfLabeler
 from ncdlr.service.checkpoint import CheckpointError, load_checkpoint, restore_state, rng_state, save_state
 from ncdlr.service.config import Config
-from ncdlr.service.embed import read_feature_table, synthetic_features, write_feature_table
-from ncdlr.service.train_loop import (
-    LocalBuffer, PairedBatch, build_worker_state, feature_batches, pseudo_labels, run_epoch, steps_per_epoch,
-    train_step,
-)
+from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+from ncdlr.service.local import local_state
+from ncdlr.service.train_loop import PairedBatch, all_gather_rows, feature_batches, run_epoch, steps_per_epoch, train_step
 
 KS, KU = 6, 6
 
@@ -40,11 +40,20 @@ def splits(tmp_path_factory):
 
 
 def new_state(cfg: Config, splits, world: int = 1):
+    """A single-process state: the method built once, its discovery step on a :class:`LocalBuffer`."""
     torch.manual_seed(cfg.run.seed)
     cfg.model.feature_dim = splits.dim
     model = build_model(cfg.model, splits.num_known, splits.num_novel)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, world)
-    return build_worker_state(cfg, model, steps, torch.device("cpu"))
+    return local_state(cfg, model, steps)
+
+
+def buffer_of(state) -> LocalBuffer:
+    return state.method.discovery.buffer
+
+
+def batches(splits, cfg: Config, epoch: int = 0, rank: int = 0, world: int = 1):
+    return feature_batches(splits, cfg.data, cfg.run.seed, epoch, rank, world)
 
 
 # ---- the step ------------------------------------------------------------------------------------------------
@@ -52,8 +61,8 @@ def new_state(cfg: Config, splits, world: int = 1):
 def test_a_step_gives_row_stochastic_labels_and_moves_tau(splits):
     cfg = small_config()
     state = new_state(cfg, splits)
-    buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
-    metrics = run_epoch(state, feature_batches(splits, cfg, 0, 0, 1), cfg, buffer)
+    buffer = buffer_of(state)
+    metrics = run_epoch(state, batches(splits, cfg), cfg.optim)
     assert metrics["steps"] == steps_per_epoch(splits.features["novel"].shape[0], 8, 1)
     assert state.labeler.imbalance_factor != pytest.approx(2.0)  # t starts at 0 (τ = 2) and moves
     assert len(buffer.buffer) == cfg.labeler.buffer_size
@@ -65,7 +74,7 @@ def test_invalid_rows_are_left_out_of_the_ot_problem_and_counted():
     scores = torch.randn(2, 6, KU).clamp(-1, 1)
     valid = torch.tensor([True, False, True, True, False, True])
     lab_a, lab_b = AdaptiveSelfLabeler(KU, gamma=5.0), AdaptiveSelfLabeler(KU, gamma=5.0)
-    q, _ = pseudo_labels(scores, valid, lab_a, None, 0, 0)
+    q, _ = Discovery(lab_a)(scores, valid, 0)
     expected = lab_b(scores[:, valid].reshape(-1, KU)).view(2, -1, KU)
     assert torch.allclose(q[:, valid], expected, atol=1e-6)
     assert torch.all(q[:, ~valid] == 0)
@@ -95,8 +104,8 @@ def test_uint8_views_are_normalised_in_the_step_with_the_same_result():
     def step(batch):
         torch.manual_seed(0)
         model = build_model(cfg.model, KS, KU, image_size=16)
-        state = build_worker_state(cfg, model, 4, torch.device("cpu"))
-        return train_step(state, batch, cfg, LocalBuffer(cfg.labeler.buffer_size, KU)), state
+        state = local_state(cfg, model, 4)
+        return train_step(state, batch, cfg.optim), state
 
     (stats_raw, state_raw), (stats_float, state_float) = step(raw), step(floats)
     assert stats_raw["loss"] == stats_float["loss"]
@@ -110,7 +119,7 @@ def test_image_batches_pad_dropped_rows_and_carry_the_scaling_of_uint8_views():
     """The trainer's adapter from ``PairedBatches`` steps to fixed-shape ``PairedBatch``es: a side that lost a row
     (an undecodable image) is padded back with an invalid zero row, and uint8 views keep their ``scaling`` (a GPU
     worker's ``PairedBatches(normalise=False)``); host-normalised steps carry none."""
-    from ncdlr.service.trainer import _image_batches
+    from ncdlr.service.worker import image_batches
 
     def side(rows: int, dtype: torch.dtype, scaling: bool) -> dict:
         out = {"view1": torch.ones(rows, 3, 4, 4, dtype=dtype), "view2": torch.ones(rows, 3, 4, 4, dtype=dtype),
@@ -119,22 +128,22 @@ def test_image_batches_pad_dropped_rows_and_carry_the_scaling_of_uint8_views():
             out["scaling"] = ["lite"] * rows
         return out
 
-    raw, = _image_batches([{"known": side(3, torch.uint8, True), "novel": side(4, torch.uint8, True)}], 4)
+    raw, = image_batches([{"known": side(3, torch.uint8, True), "novel": side(4, torch.uint8, True)}], 4)
     assert raw.scaling == "lite" and raw.known_view1.dtype == torch.uint8
     assert raw.known_valid.tolist() == [True, True, True, False] and not raw.known_view1[3].any()
     assert raw.novel_valid.all()
-    host, = _image_batches([{"known": side(4, torch.float32, False), "novel": side(4, torch.float32, False)}], 4)
+    host, = image_batches([{"known": side(4, torch.float32, False), "novel": side(4, torch.float32, False)}], 4)
     assert host.scaling is None and host.known_view1.dtype == torch.float32
     with pytest.raises(ValueError, match="mixes normalisations"):
         mixed = side(4, torch.uint8, True)
         mixed["scaling"][0] = "imagenet"
-        list(_image_batches([{"known": mixed, "novel": side(4, torch.uint8, True)}], 4))
+        list(image_batches([{"known": mixed, "novel": side(4, torch.uint8, True)}], 4))
 
 
 def test_bad_images_do_not_enter_the_losses(splits):
     """Rows marked invalid (undecodable images, zero views) change nothing, whatever their content."""
     cfg = small_config()
-    batch = next(feature_batches(splits, cfg, 0, 0, 1))
+    batch = next(batches(splits, cfg))
     batch.known_valid[:3] = False
     batch.novel_valid[-2:] = False
     garbage = PairedBatch(**batch.__dict__)
@@ -144,8 +153,9 @@ def test_bad_images_do_not_enter_the_losses(splits):
     for name in ("novel_view1", "novel_view2"):
         setattr(garbage, name, getattr(batch, name).clone())
         getattr(garbage, name)[-2:] = -100.0
+    cfg.labeler.use_buffer = False
     a, b = new_state(cfg, splits), new_state(cfg, splits)
-    stats_a, stats_b = train_step(a, batch, cfg, None), train_step(b, garbage, cfg, None)
+    stats_a, stats_b = train_step(a, batch, cfg.optim), train_step(b, garbage, cfg.optim)
     assert stats_a["bad_images"] == 5
     assert stats_a["loss"] == pytest.approx(stats_b["loss"], abs=1e-6)
     for p, q in zip(a.model.parameters(), b.model.parameters()):
@@ -154,16 +164,17 @@ def test_bad_images_do_not_enter_the_losses(splits):
 
 # ---- distributed ≡ single process (gloo, two local processes, no Ray) -------------------------------------------
 
-def pseudo_labels_without_side_effects(state, batch, cfg, buffer, step, rank):
+def pseudo_labels_without_side_effects(state, batch, cfg, step, rank):
     """This step's pseudo-labels ``[2, B, Ku]`` from copies of the labeler and buffer (the real ones stay untouched)."""
     scores = torch.stack([state.model(batch.novel_view1) @ state.model.novel_prototypes,
                           state.model(batch.novel_view2) @ state.model.novel_prototypes]).detach()
     labeler_copy = AdaptiveSelfLabeler(KU, gamma=5.0)
     labeler_copy.load_state_dict(state.labeler.state_dict())
-    buffer_copy = LocalBuffer(cfg.labeler.buffer_size, KU)
+    buffer, buffer_copy = buffer_of(state), LocalBuffer(cfg.labeler.buffer_size, KU)
     if len(buffer.buffer):
         buffer_copy.buffer.load_state_dict(buffer.buffer.state_dict())
-    q, _ = pseudo_labels(scores, batch.novel_valid, labeler_copy, buffer_copy, step, rank)
+    discovery = state.method.discovery
+    q, _ = Discovery(labeler_copy, buffer_copy, discovery.gather, discovery.rank)(scores, batch.novel_valid, step)
     return q
 
 
@@ -178,16 +189,16 @@ def _ddp_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> N
         cfg = small_config(batch_size=8)
         state = new_state(cfg, splits, world)
         state.forward = DistributedDataParallel(state.model)
-        buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
+        state.method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, KU), gather=all_gather_rows, rank=rank)
         taus = []
         labels = []
-        for step, batch in enumerate(feature_batches(splits, cfg, 0, rank, world)):
+        for step, batch in enumerate(batches(splits, cfg, 0, rank, world)):
             if step == 4:
                 break
-            labels.append(pseudo_labels_without_side_effects(state, batch, cfg, buffer, step, rank))
-            train_step(state, batch, cfg, buffer, rank)
+            labels.append(pseudo_labels_without_side_effects(state, batch, cfg, step, rank))
+            train_step(state, batch, cfg.optim)
             taus.append(state.labeler.imbalance_factor)
-        torch.save({"taus": taus, "labels": labels, "model": state.model.state_dict(), "t": state.labeler.t.detach()},
+        torch.save({"taus": taus, "labels": labels, "model": state.model.state_dict(), "t": state.labeler.prior.t.detach()},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -208,25 +219,24 @@ def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(splits, tmp_
     single = read_feature_table(table)
     cfg = small_config(batch_size=16)
     state = new_state(cfg, single, 1)
-    buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
-    for step, batch in enumerate(feature_batches(single, cfg, 0, 0, 1)):
+    for step, batch in enumerate(batches(single, cfg)):
         if step == 4:
             break
-        q = pseudo_labels_without_side_effects(state, batch, cfg, buffer, step, 0)
+        q = pseudo_labels_without_side_effects(state, batch, cfg, step, 0)
         for rank in range(2):  # each rank's rows are its block of the single-process batch
             assert torch.allclose(ranks[rank]["labels"][step], q[:, rank * 8:(rank + 1) * 8], atol=1e-5)
-        train_step(state, batch, cfg, buffer, 0)
-    assert ranks[0]["t"].item() == pytest.approx(state.labeler.t.item(), abs=1e-5)
+        train_step(state, batch, cfg.optim)
+    assert ranks[0]["t"].item() == pytest.approx(state.labeler.prior.t.item(), abs=1e-5)
     for name, value in state.model.state_dict().items():
         assert torch.allclose(ranks[0]["model"][name], value, atol=1e-5), name
 
 
 # ---- checkpoints and exact resume -------------------------------------------------------------------------------
 
-def _train(state, cfg, splits, buffer, epochs):
+def _train(state, cfg, splits, epochs):
     history = []
     for _ in range(epochs):
-        metrics = run_epoch(state, feature_batches(splits, cfg, state.epoch, 0, 1), cfg, buffer)
+        metrics = run_epoch(state, batches(splits, cfg, state.epoch), cfg.optim)
         history.append({k: metrics[k] for k in ("loss", "loss_s", "loss_u", "tau", "lr")})
     return history
 
@@ -235,22 +245,20 @@ def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path):
     cfg = small_config()
     cfg.data.max_steps_per_epoch = 5
     full = new_state(cfg, splits)
-    full_buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
-    full_history = _train(full, cfg, splits, full_buffer, 3)
+    full_history = _train(full, cfg, splits, 3)
 
     first = new_state(cfg, splits)
-    first_buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
-    history = _train(first, cfg, splits, first_buffer, 1)
-    save_state(tmp_path, first, buffer=first_buffer.state_dict(), rng=[rng_state()], config=cfg.to_dict())
+    history = _train(first, cfg, splits, 1)
+    save_state(tmp_path, first, buffer=buffer_of(first).state_dict(), rng=[rng_state()], config=cfg.to_dict())
     torch.manual_seed(123)  # a restarted process has other RNG and init state
     resumed = new_state(cfg, splits)
-    resumed_buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
-    resumed_buffer.buffer.load_state_dict(restore_state(resumed, load_checkpoint(tmp_path)))
-    history += _train(resumed, cfg, splits, resumed_buffer, 2)
+    buffer_of(resumed).buffer.load_state_dict(restore_state(resumed, load_checkpoint(tmp_path)))
+    history += _train(resumed, cfg, splits, 2)
+    full_buffer, resumed_buffer = buffer_of(full), buffer_of(resumed)
 
     assert history == full_history
     assert torch.equal(resumed_buffer.buffer.rows, full_buffer.buffer.rows)
-    assert torch.equal(resumed.labeler.t, full.labeler.t)
+    assert torch.equal(resumed.labeler.prior.t, full.labeler.prior.t)
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert resumed.tau_history == full.tau_history
@@ -259,9 +267,8 @@ def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path):
 def test_checkpoint_loads_with_weights_only(splits, tmp_path):
     cfg = small_config()
     state = new_state(cfg, splits)
-    buffer = LocalBuffer(cfg.labeler.buffer_size, KU)
-    _train(state, cfg, splits, buffer, 1)
-    path = save_state(tmp_path, state, buffer=buffer.state_dict(), rng=[rng_state()], config=cfg.to_dict())
+    _train(state, cfg, splits, 1)
+    path = save_state(tmp_path, state, buffer=buffer_of(state).state_dict(), rng=[rng_state()], config=cfg.to_dict())
     payload = torch.load(path, weights_only=True)
     assert payload["epoch"] == 1 and payload["step"] == state.step
     assert "prototypes" in payload["model"] and "_extra_state" in str(payload["labeler"].keys())
@@ -275,7 +282,7 @@ def test_checkpoint_for_another_model_is_refused_naming_the_file(splits, tmp_pat
     other = Config()
     other.model.encoder, other.model.head, other.model.feature_dim = "identity", "linear", splits.dim
     model = build_model(other.model, KS, KU)
-    wrong = build_worker_state(other, model, 10, torch.device("cpu"))
+    wrong = local_state(other, model, 10)
     with pytest.raises(CheckpointError, match="state.pt"):
         restore_state(wrong, load_checkpoint(tmp_path))
 
@@ -289,7 +296,7 @@ def test_unknown_checkpoint_version_is_refused(tmp_path):
 
 
 def test_validation_scores_the_val_split_only(splits):
-    from ncdlr.service.trainer import validate
+    from ncdlr.service.worker import validate
 
     cfg = small_config()
     state = new_state(cfg, splits)

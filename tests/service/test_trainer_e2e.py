@@ -23,7 +23,7 @@ from ncdlr.data.records import ImageRecord
 from ncdlr.data.shards import write_dataset
 from ncdlr.service.checkpoint import load_checkpoint
 from ncdlr.service.config import Config
-from ncdlr.service.embed import synthetic_features, write_feature_table
+from ncdlr.data.features import synthetic_features, write_feature_table
 from tests.fixtures.tiny_images import make_tiny_dataset
 
 pytestmark = pytest.mark.slow
@@ -68,8 +68,10 @@ def test_two_workers_train_on_images_from_s3_and_write_the_report(ray_local, s3_
     assert any((tmp_path / "run" / "tensorboard").iterdir())
 
 
-def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, feature_table, s3_bucket, tmp_path):
-    """Run storage and checkpoints on ``s3://`` (the rclone server), and a second run resumes from there."""
+def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, feature_table, s3_bucket, tmp_path,
+                                                                    capsys):
+    """Run storage and checkpoints on ``s3://`` (the rclone server), and a second run resumes from there; the
+    terminal shows our epoch lines (relayed from rank 0), which also go to the run's ``train.log``."""
     from ncdlr.cli import main
 
     common = ["--features", feature_table, "--num-workers", "2", "--batch-size", "8", "--gamma", "5",
@@ -78,6 +80,9 @@ def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, 
     assert main(["train", *common, "--epochs", "1", "--output", str(tmp_path / "first")]) == 0
     first = (tmp_path / "first" / "checkpoint.txt").read_text().strip()
     assert first.startswith(f"{s3_bucket}/runs/")
+    shown = capsys.readouterr().out
+    assert "[ncdlr] epoch 1/1 done in" in shown and "RayTrainWorker" not in shown
+    assert "[ncdlr] epoch 1/1 done in" in (tmp_path / "first" / "train.log").read_text()
     assert main(["train", *common, "--epochs", "3", "--resume", first, "--output", str(tmp_path / "second")]) == 0
     second_uri = (tmp_path / "second" / "checkpoint.txt").read_text().strip()
     assert second_uri.startswith(f"{s3_bucket}/runs/") and second_uri != first

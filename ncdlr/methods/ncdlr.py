@@ -1,0 +1,49 @@
+"""The paper's method (method.md §3-4): fixed ETF prototypes, MSE, adaptive self-labeling over the buffer."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ncdlr.buffer import SharedBuffer
+from ncdlr.labeler import AdaptiveSelfLabeler
+
+from .base import Method, MethodConfig, PrototypeModel
+from .discovery import Discovery, Gather, single_process
+
+
+class NCDLR(Method):
+    """Known + swapped novel loss against the prototypes, labels from the adaptive OT.
+
+    Novel logits ``S_v = z_v P^u`` of both views are labelled together by the discovery step (gathered over
+    ranks, history + current rows), and ``L_u = ½ (loss(z_2, q_1) + loss(z_1, q_2))``. With the defaults
+    (fixed ETF, ``mse``, adaptive prior, buffer on) this is method.md §3-4 exactly; ``loss="ce"``, learnable
+    prototypes, the prior and the buffer switch give the paper's ablations.
+
+    Args:
+        use_buffer: solve over the shared buffer (``labeler.use_buffer``); off → the gathered batch only.
+    """
+
+    name = "ncdlr"
+    default_loss = "mse"
+
+    def __init__(self, cfg: MethodConfig, labeler: AdaptiveSelfLabeler, use_buffer: bool = True):
+        super().__init__(cfg, labeler)
+        self._use_buffer = use_buffer
+        self.discovery = Discovery(labeler)
+
+    @property
+    def uses_buffer(self) -> bool:
+        return self._use_buffer
+
+    def connect(self, *, buffer: SharedBuffer | None = None, gather: Gather = single_process, rank: int = 0) -> None:
+        self.discovery = Discovery(self.labeler, buffer if self._use_buffer else None, gather, rank)
+
+    def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int):
+        """``[2, B, Ku]`` detached soft labels (view 1, view 2); invalid rows are zeros."""
+        pu = model.class_prototypes()[:, model.num_known:]
+        scores = torch.stack([z1 @ pu, z2 @ pu]).detach()
+        return self.discovery(scores, valid, step)
+
+    def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
+        return self.swapped_loss(model, z1, z2, targets, valid)

@@ -1,0 +1,175 @@
+"""What a person reads while a run trains: one line per epoch, progress on long epochs, TensorBoard scalars.
+
+Rank 0 of the Ray Train workers owns the :class:`EpochLog`. It posts its lines to a small named actor, the
+:class:`ConsoleBoard`; on the driver a :class:`ConsoleRelay` takes them from there and prints them (a live
+progress bar on a terminal, a line every few seconds in a log) and writes them to ``<run>/train.log``. So the
+driver prints our own lines only, and Ray's output (worker logs, report dicts, checkpoint lines) stays out of the
+terminal unless ``run.verbose`` (Ray keeps it in its session logs either way).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+
+from .config import Config
+
+
+@ray.remote(num_cpus=0)
+class ConsoleBoard:
+    """Lines posted by rank 0 (``kind``: ``"line"`` or ``"progress"``), taken in order by the driver."""
+
+    def __init__(self) -> None:
+        self._lines: list[tuple[str, str]] = []
+
+    def post(self, kind: str, text: str) -> None:
+        self._lines.append((kind, text))
+
+    def take(self) -> list[tuple[str, str]]:
+        lines, self._lines = self._lines, []
+        return lines
+
+
+class ConsoleRelay:
+    """Driver side, around a Ray Train run: creates the named :class:`ConsoleBoard` and prints what it receives.
+
+    Progress lines overwrite each other on a terminal (``\r``); elsewhere each is printed. Every line is also
+    appended to ``log_file``.
+    """
+
+    def __init__(self, name: str, log_file: str | Path | None = None, namespace: str = "ncdlr", poll_s: float = 0.5):
+        self.name, self.namespace, self.poll_s = name, namespace, poll_s
+        self.log_file = Path(log_file) if log_file else None
+        self._board = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._progress_shown = False
+        self.log_progress_s = 30.0
+        self._last_logged = time.monotonic()
+
+    def __enter__(self) -> ConsoleRelay:
+        self._board = ConsoleBoard.options(name=self.name, namespace=self.namespace).remote()
+        self._thread = threading.Thread(target=self._run, name="ncdlr-console", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._drain()
+        if self._progress_shown:
+            sys.stdout.write("\n")
+        ray.kill(self._board)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._drain()
+
+    def _drain(self) -> None:
+        try:
+            lines = ray.get(self._board.take.remote(), timeout=30)
+        except Exception:  # the board is gone with the cluster: nothing more to show
+            return
+        for kind, text in lines:
+            self.show(kind, text)
+
+    def show(self, kind: str, text: str) -> None:
+        """Print one posted line (and log it)."""
+        if self.log_file is not None:
+            with open(self.log_file, "a") as log:
+                log.write(text + "\n")
+        if kind == "progress" and sys.stdout.isatty():
+            sys.stdout.write("\r" + text[: self._width()].ljust(self._width()))
+            self._progress_shown = True
+        elif kind == "progress":  # a log, not a terminal: one progress line every log_progress_s
+            if time.monotonic() - self._last_logged >= self.log_progress_s:
+                self._last_logged = time.monotonic()
+                sys.stdout.write(text + "\n")
+        else:
+            sys.stdout.write(("\r" + " " * self._width() + "\r" if self._progress_shown else "") + text + "\n")
+            self._progress_shown = False
+        sys.stdout.flush()
+
+    @staticmethod
+    def _width() -> int:
+        try:
+            return os.get_terminal_size().columns - 1
+        except OSError:
+            return 0
+
+
+def progress_bar(done: int, total: int, width: int = 20) -> str:
+    """``[#####...............]`` for ``done`` of ``total`` steps."""
+    filled = width * min(done, total) // max(total, 1)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+class EpochLog:
+    """Rank 0's record of a run: an epoch line, a progress line every ``progress_s`` seconds on long epochs
+    (``run.log_every`` > 0), and TensorBoard scalars under ``<run.output>/tensorboard``; other ranks: nothing.
+    Lines go to the driver's :class:`ConsoleRelay` through the board named ``board`` (None: this process's stdout).
+    """
+
+    def __init__(self, cfg: Config, rank: int, steps_per_epoch: int = 0, board: str | None = None,
+                 progress_s: float = 2.0):
+        self.cfg = cfg
+        self.active = rank == 0
+        self.board = ray.get_actor(board, namespace="ncdlr") if (board and self.active) else None
+        self.steps_per_epoch = steps_per_epoch
+        self.progress_s = progress_s
+        self.writer = None
+        self._epoch_start = self._last_line = time.perf_counter()
+        self._steps_in_epoch = 0
+        if self.active:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join(cfg.run.output, "tensorboard"))
+
+    def say(self, kind: str, text: str) -> None:
+        """Post one line to the driver (``kind``: ``"line"`` or ``"progress"``)."""
+        if self.board is not None:
+            self.board.post.remote(kind, text)
+        else:  # Ray Train V2 patches print in workers (a wrapped stdout printed every line twice): the raw stdout
+            print(text, file=sys.__stdout__, flush=True)
+
+    def step(self, state, stats: dict[str, float]) -> None:
+        """After every training step (``run_epoch``'s ``on_step``)."""
+        if not self.active:
+            return
+        self.writer.add_scalar("train/loss", stats["loss"], state.step)
+        self.writer.add_scalar("train/tau", stats["tau"], state.step)
+        if self._steps_in_epoch == 0:
+            self._epoch_start = self._last_line = time.perf_counter()
+        self._steps_in_epoch += 1
+        now = time.perf_counter()
+        if self.cfg.run.log_every and now - self._last_line >= self.progress_s:
+            self._last_line = now
+            done, total = self._steps_in_epoch, self.steps_per_epoch
+            rate = done / max(now - self._epoch_start, 1e-9)
+            eta = f", {max(total - done, 0) / max(rate, 1e-9):.0f} s left" if total else ""
+            self.say("progress", f"[ncdlr] epoch {state.epoch + 1}/{self.cfg.optim.epochs} {progress_bar(done, total)} "
+                f"step {done}/{total or '?'} loss {stats['loss']:.4f} tau {stats['tau']:.3f} "
+                f"({rate:.2f} steps/s{eta})")
+
+    def epoch(self, state, metrics: dict[str, float]) -> None:
+        """After every epoch: the epoch line and the epoch's TensorBoard scalars."""
+        self._steps_in_epoch = 0
+        if not self.active:
+            return
+        self.say("line", f"[ncdlr] epoch {state.epoch}/{self.cfg.optim.epochs} done in {metrics['epoch_s']:.1f}s: loss "
+            f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
+            f"({metrics['steps_per_s']:.2f} steps/s)"
+            + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""))
+        for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s"):
+            self.writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,91 @@
+"""What every entry point shares: the config from ``argv`` (parsed once), one ``init_ray``, the final output.
+
+``ncdlr train``, ``python -m ncdlr.train_inat2k``, ``ncdlr embed`` and ``tuning/gamma_search.py`` all build
+their :class:`~ncdlr.service.config.Config` with :func:`config_from_args` (defaults ← the method's
+requirements ← YAML ← the command's own flags ← ``--section.key`` overrides, each value checked once), start or
+join Ray with :func:`init_ray`, and end with :func:`print_result`. :func:`run_main` turns the errors a user can
+fix (bad config, data, storage, checkpoint) into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .config import Config, Setting, args_settings, resolve, yaml_settings
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def config_from_args(args, *, default_file: str | Path | None = None, settings: list[Setting] = ()) -> Config:
+    """The run's Config: the YAML file (``args.config`` or ``default_file``), then ``settings`` (what the
+    command's own flags say, e.g. ``--features``), then the ``--section.key`` overrides given on the command line."""
+    path = getattr(args, "config", None) or default_file
+    return resolve((yaml_settings(path) if path else []) + list(settings) + args_settings(args))
+
+
+def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose: bool = False,
+             object_store_bytes: int | None = None) -> bool:
+    """Start or join Ray once for this process; True when this call started it (the caller then shuts it down).
+
+    Inside a submitted job or next to a running cluster (``RAY_ADDRESS``) it joins; Ray refuses resource
+    arguments there. A local Ray gets at least ``cpus_needed`` logical CPUs — more than the workers take, or
+    Ray Data read tasks starve (platform notes). ``runtime_env`` reaches every task and worker (e.g. the
+    embedded S3 server's settings). Workers' output reaches this terminal only with ``verbose``.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if not verbose:
+        for name in ("ray.train", "ray.tune", "ray.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    kwargs: dict = {"logging_level": logging.INFO if verbose else logging.WARNING}
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=verbose, **kwargs)
+    else:
+        ray.init(num_cpus=int(max(os.cpu_count() or 1, cpus_needed, 4)), include_dashboard=False,
+                 log_to_driver=verbose, **({"object_store_memory": object_store_bytes} if object_store_bytes else {}),
+                 **kwargs)
+    return True
+
+
+def print_result(result: dict) -> None:
+    """The report table (when the run was evaluated), the time and the run directory (last line)."""
+    from .report import render_summary
+
+    if "test" in result:
+        print(render_summary(result["output"]))
+    print(f"[ncdlr] finished in {result['seconds']:.0f} s; run directory:")
+    print(result["output"])
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors whose message tells the user what to fix: shown as one line, exit code 2."""
+    from ncdlr.data.features import FeatureTableError
+    from ncdlr.data.manifest import DatasetFormatError
+    from ncdlr.data.storage import StorageError
+    from ncdlr.methods import MethodConfigError
+
+    from .checkpoint import CheckpointError
+    from .config import ConfigError
+
+    return ConfigError, MethodConfigError, FeatureTableError, DatasetFormatError, StorageError, CheckpointError
+
+
+def run_main(prog: str, main: Callable[[], int], verbose: bool = False) -> int:
+    """``main()``, with the errors of :func:`user_errors` as one line ``prog: message`` and exit code 2
+    (the traceback too with ``verbose``)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return main()
+    except user_errors() as err:
+        if verbose:
+            raise
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,65 @@
+"""A run's training data, read once on the driver and passed down (feature table or prepared image dataset).
+
+:func:`load_training_data` reads the feature table (feature-table mode) or the dataset manifest (image mode)
+exactly once; the trainer, the number-of-novel-classes resolution, the Ray Data set-up, the workers (the
+feature splits travel through Ray's object store) and the final evaluation all use that object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ncdlr.data.features import FeatureSplits
+from ncdlr.data.manifest import Manifest
+
+from .config import Config, DataConfig
+
+
+@dataclass
+class DatasetSummary:
+    """What the driver and the workers need to know about the data before training."""
+
+    num_known: int
+    num_novel: int
+    feature_dim: int  # 0 for image datasets
+    novel_rows: int
+    class_names: list[str]
+    train_counts: list[int]
+
+
+@dataclass
+class TrainingData:
+    """The run's data as read once: its summary and either the feature splits or the image dataset's manifest."""
+
+    summary: DatasetSummary
+    features: FeatureSplits | None = None  # feature-table mode: every split as tensors
+    manifest: Manifest | None = None  # image mode
+
+
+def load_training_data(data: DataConfig) -> TrainingData:
+    """Read ``data.features`` (a feature table) or ``data.uri``'s manifest; errors name the URI."""
+    if data.features:
+        from ncdlr.data.features import read_feature_table
+
+        splits = read_feature_table(data.features)
+        summary = DatasetSummary(splits.num_known, splits.num_novel, splits.dim, splits.features["novel"].shape[0],
+                                 splits.class_names, splits.train_counts())
+        return TrainingData(summary, features=splits)
+    if not data.uri:
+        raise ValueError("no training data: set data.uri (prepared image dataset) or data.features (feature table)")
+    from ncdlr.data.manifest import read_manifest
+
+    manifest = read_manifest(data.uri, endpoint_url=data.endpoint_url or None)
+    summary = DatasetSummary(manifest.num_known, manifest.num_novel, 0, manifest.split_counts.get("novel", 0),
+                             manifest.class_names, manifest.train_counts)
+    return TrainingData(summary, manifest=manifest)
+
+
+def pipeline_config(cfg: Config, *, eval_mode: bool = False):
+    """The data plane's :class:`~ncdlr.data.pipeline.PipelineConfig` for this run's encoder and sizes."""
+    from ncdlr.data import pipeline
+    from ncdlr.models import input_scaling
+
+    return pipeline.PipelineConfig(image_size=cfg.data.image_size, crop_scale=(cfg.data.crop_scale_min, 1.0),
+                                   scaling=input_scaling(cfg.model.encoder),
+                                   batch_size=cfg.data.eval_batch_size if eval_mode else cfg.data.batch_size)

@@ -1,0 +1,242 @@
+"""The function every Ray Train worker runs: build once, restore, train epoch by epoch, checkpoint.
+
+Each worker builds its model, its method (with the labeler, :func:`ncdlr.methods.build_method`) and its
+optimiser once, restores the latest checkpoint (after a worker restart Ray hands it back; ``run.resume``
+names one from an earlier run) and re-seeds the shared buffer actor from it, wires the method's distributed
+parts (buffer replica, ``all_gather``, rank) once, then trains. Rank 0 checkpoints and reports once per epoch
+(``ray.train.report`` is slow, and ``Result.metrics`` needs a checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+
+from ncdlr.data.features import FeatureSplits
+
+from .config import Config
+from .console import EpochLog
+from .run_data import DatasetSummary
+from .train_loop import PairedBatch, WorkerState
+
+# ---- the worker's parts ------------------------------------------------------------------------------------
+
+
+def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.device, world: int) -> WorkerState:
+    """Model, method (with its labeler) and optimiser, built once; DDP-wrapped when ``world > 1``."""
+    from ncdlr.methods import build_method
+    from ncdlr.models import build_model
+
+    from .num_novel import fixed_prior_counts, model_num_novel
+    from .train_loop import build_worker_state
+
+    num_novel = model_num_novel(cfg, summary)  # model.num_novel (resolved by fit) or the data's Ku
+    model = build_model(cfg.model, summary.num_known, num_novel, image_size=cfg.data.image_size)
+    method = build_method(cfg.method, cfg.labeler, num_novel, fixed_prior=fixed_prior_counts(cfg, summary))
+    state = build_worker_state(cfg.optim, model, method, steps, device)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        state.forward = DistributedDataParallel(state.model, device_ids=[device.index] if device.type == "cuda" else None)
+    return state
+
+
+def restore(state: WorkerState, cfg: Config, rank: int) -> dict | None:
+    """Load Ray's checkpoint (worker restart) or ``run.resume`` into ``state``; return the buffer state saved."""
+    import ray.train
+
+    from .checkpoint import load_checkpoint, restore_state
+
+    checkpoint = ray.train.get_checkpoint()
+    payload = None
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            payload = load_checkpoint(directory)
+    elif cfg.run.resume:
+        payload = load_checkpoint(cfg.run.resume)
+    return restore_state(state, payload, rank) if payload is not None else None
+
+
+def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, rank: int, world: int):
+    """Wire the method's distributed parts once: this rank's buffer replica (re-seeded from ``buffer_state``
+    through the shared actor), the ranks' ``all_gather`` and the rank. Returns the buffer client or None."""
+    import ray
+    import torch.distributed as dist
+
+    from .buffer_actor import BufferClient
+    from .train_loop import all_gather_rows
+
+    client = None
+    if actor is not None and state.method.uses_buffer:
+        if rank == 0:
+            ray.get(actor.restore.remote(state.step - 1, buffer_state))
+        if world > 1:
+            dist.barrier()
+        client = BufferClient(actor, cfg.labeler.buffer_size, state.model.num_novel, rank, state.device)
+        client.start(state.step - 1)
+    state.method.connect(buffer=client, gather=all_gather_rows, rank=rank)
+    return client
+
+
+def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world: int, device: torch.device
+                  ) -> Callable[[int], Iterable[PairedBatch]]:
+    """``epoch → batches`` of this rank: seeded in-memory batches of the feature splits, or the Ray Data shards
+    (on a GPU the views cross to the device as uint8 and are normalised there; on a CPU in Ray's prefetch threads)."""
+    from .train_loop import feature_batches
+
+    if features is not None:
+        return lambda epoch: feature_batches(features, cfg.data, cfg.run.seed, epoch, rank, world)
+    import ray.train
+
+    from ncdlr.data.pipeline import PairedBatches
+
+    paired = PairedBatches(ray.train.get_dataset_shard("known"), ray.train.get_dataset_shard("novel"),
+                           batch_size=cfg.data.batch_size, normalise=device.type != "cuda")
+    return lambda epoch: image_batches(paired, cfg.data.batch_size)
+
+
+def _pad_side(side: dict, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``view1, view2, label, valid`` padded back to ``batch_size`` rows (dropped bad images → valid=False).
+
+    ``all_gather`` needs the same shape on every rank, so the rows the pipeline dropped are re-added as
+    zeros and masked out of the losses and the OT problem.
+    """
+    n = side["view1"].shape[0]
+    pad = batch_size - n
+    v1, v2 = side["view1"], side["view2"]
+    label = side["label"].long()
+    valid = torch.ones(batch_size, dtype=torch.bool)
+    if pad > 0:
+        v1 = torch.cat([v1, v1.new_zeros((pad, *v1.shape[1:]))])
+        v2 = torch.cat([v2, v2.new_zeros((pad, *v2.shape[1:]))])
+        label = torch.cat([label, label.new_zeros(pad)])
+        valid[n:] = False
+    return v1, v2, label, valid
+
+
+def image_batches(paired, batch_size: int):
+    """One epoch of :class:`~ncdlr.data.pipeline.PairedBatches` as fixed-shape :class:`PairedBatch`es (uint8
+    views, from ``PairedBatches(normalise=False)``, carry their ``scaling`` for ``train_step``)."""
+    from ncdlr.data.transforms import batch_scaling
+
+    for step in paired:
+        k1, k2, ky, kv = _pad_side(step["known"], batch_size)
+        n1, n2, _, nv = _pad_side(step["novel"], batch_size)
+        scaling = None
+        if "scaling" in step["known"] or "scaling" in step["novel"]:
+            scaling = batch_scaling([*step["known"].get("scaling", []), *step["novel"].get("scaling", [])])
+        yield PairedBatch(k1, k2, ky, kv, n1, n2, nv, scaling)
+
+
+def validate(state: WorkerState, splits: FeatureSplits) -> dict[str, float]:
+    """Cluster accuracy on the feature table's ``val`` split (never ``test``): ``val_all/known/novel``."""
+    from ncdlr.metrics import cluster_accuracy
+
+    from .train_loop import predict
+
+    pred = predict(state.model, splits.features["val"].split(1024), state.device)
+    scores = cluster_accuracy(splits.labels["val"].numpy(), pred, splits.num_known)
+    return {f"val_{key}": float(scores[key]) for key in ("all", "known", "novel")}
+
+
+def gather_epoch_stats(state: WorkerState, metrics: dict[str, float], world: int) -> list:
+    """Sum ``bad_images`` over ranks and check ``τ`` agrees on all ranks; return every rank's RNG state."""
+    import torch.distributed as dist
+
+    from .checkpoint import rng_state
+
+    if world == 1:
+        return [rng_state()]
+    bad = torch.tensor([metrics["bad_images"]], dtype=torch.float64)
+    dist.all_reduce(bad)
+    metrics["bad_images"] = float(bad)
+    rngs: list = [None] * world
+    dist.all_gather_object(rngs, rng_state())
+    taus: list = [None] * world
+    dist.all_gather_object(taus, state.method.imbalance_factor)
+    metrics["tau_rank_spread"] = max(taus) - min(taus)  # 0: every rank solved the same problem
+    return rngs
+
+
+def checkpoint_and_report(state: WorkerState, cfg: Config, metrics: dict[str, float], rngs: list, client, actor,
+                          rank: int) -> None:
+    """Rank 0: check its buffer replica equals the actor's, write the checkpoint and report; others: report."""
+    import ray
+    import ray.train
+    from ray.train import Checkpoint
+
+    from .checkpoint import save_state
+
+    if rank != 0:
+        ray.train.report(metrics)
+        return
+    buffer = None
+    if client is not None:  # the actor is the source of truth; the replica must equal it
+        client.flush()
+        buffer = ray.get(actor.snapshot.remote(client.step))[1]
+        if not torch.equal(buffer["rows"], client.state_dict()["rows"]):  # both on the host
+            raise RuntimeError(f"buffer replica of rank 0 differs from the buffer actor at step {client.step}")
+    with tempfile.TemporaryDirectory() as tmp:
+        save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+
+
+# ---- the worker ----------------------------------------------------------------------------------------------
+
+
+def train_worker(config: dict) -> None:
+    """Ray Train per-worker entry.
+
+    ``config``: ``cfg`` (the :class:`Config`), ``summary`` (:class:`DatasetSummary`), ``features`` (an object
+    ref of the :class:`FeatureSplits`, or None in image mode), ``actor``/``namespace`` (the buffer actor's name,
+    or None), ``env`` (the driver's ``AWS_*`` variables), ``console`` (the name of the driver's
+    :class:`~ncdlr.service.console.ConsoleBoard`, or None: lines go to this process's stdout).
+    """
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    from .train_loop import run_epoch, steps_per_epoch
+
+    os.environ.update(config.get("env", {}))  # S3 endpoint/credentials of the driver
+    cfg: Config = config["cfg"]
+    summary: DatasetSummary = config["summary"]
+    features: FeatureSplits | None = ray.get(config["features"]) if config.get("features") is not None else None
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    device = ray.train.torch.get_device()
+    torch.manual_seed(cfg.run.seed)
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, int(cfg.run.cpus_per_worker)))
+
+    # ---- building, once ---------------------------------------------------------------------------------------
+    max_steps = cfg.data.max_steps_per_epoch if features is not None else 0  # image streams run whole epochs
+    steps = steps_per_epoch(summary.novel_rows, cfg.data.batch_size, world, max_steps)
+    state = build_state(cfg, summary, steps, device, world)
+    buffer_state = restore(state, cfg, rank)
+    actor = ray.get_actor(config["actor"], namespace=config["namespace"]) if config.get("actor") else None
+    client = connect(state, cfg, actor, buffer_state, rank, world)
+    batches = epoch_batches(cfg, features, rank, world, device)
+    log = EpochLog(cfg, rank, steps, board=config.get("console"))
+
+    # ---- training ---------------------------------------------------------------------------------------------
+    try:
+        while state.epoch < cfg.optim.epochs:
+            start = time.perf_counter()
+            metrics = run_epoch(state, batches(state.epoch), cfg.optim, on_step=log.step)
+            if client is not None:
+                metrics["actor_wait_s_per_step"] = client.times.wait / max(client.times.steps, 1)
+            rngs = gather_epoch_stats(state, metrics, world)
+            metrics["epoch_s"] = time.perf_counter() - start
+            if rank == 0 and features is not None and "val" in features.features:
+                metrics.update(validate(state, features))
+            log.epoch(state, metrics)
+            checkpoint_and_report(state, cfg, metrics, rngs, client, actor, rank)
+    finally:
+        if client is not None:
+            client.close()
+        log.close()
