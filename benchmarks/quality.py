@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ncdlr.methods.run import evaluate, known_imbalance, train
-from ncdlr.methods.select import select_gamma
+from ncdlr.data.features import FeatureSplits
 from ncdlr.service.config import Config
-from ncdlr.service.train_loop import FeatureSplits
+from ncdlr.service.local import evaluate, known_imbalance, train
+from ncdlr.service.rehearsal import select_gamma
 
 VARIANTS: dict[str, dict[str, dict]] = {
     "uno": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"}, "labeler": {"prior": "uniform", "use_buffer": False}},
@@ -83,7 +83,7 @@ def synthetic_splits(seed: int) -> FeatureSplits:
 
 def openclipart_splits(path: str) -> FeatureSplits:
     """Feature table with every split scaled by one constant so the mean known-row norm is 1."""
-    from ncdlr.service.embed import read_feature_table
+    from ncdlr.data.features import read_feature_table
 
     splits = read_feature_table(path)
     scale = float(splits.features["known"].norm(dim=1).mean())

@@ -41,8 +41,7 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     if ray.is_initialized():
         return False
     if not verbose:
-        for name in ("ray.train", "ray.tune", "ray.data"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        quiet_ray_consoles()
     kwargs: dict = {"logging_level": logging.INFO if verbose else logging.WARNING}
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
@@ -53,6 +52,17 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
                  log_to_driver=verbose, **({"object_store_memory": object_store_bytes} if object_store_bytes else {}),
                  **kwargs)
     return True
+
+
+def quiet_ray_consoles() -> None:
+    """Ray's INFO lines off this terminal (Ray Data's console handler at WARNING; its log file keeps all)."""
+    import ray.data  # noqa: F401  (configures Ray Data's loggers on import; adjust them after)
+
+    for name in ("ray.train", "ray.tune"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for handler in logging.getLogger("ray.data").handlers:
+        if "File" not in type(handler).__name__:  # the console handler, not ray-data.log
+            handler.setLevel(logging.WARNING)
 
 
 def print_result(result: dict) -> None:
@@ -82,6 +92,8 @@ def run_main(prog: str, main: Callable[[], int], verbose: bool = False) -> int:
     """``main()``, with the errors of :func:`user_errors` as one line ``prog: message`` and exit code 2
     (the traceback too with ``verbose``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for name in ("botocore", "boto3", "urllib3"):  # "Found credentials in environment variables." on every client
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return main()
     except user_errors() as err:

@@ -1,10 +1,15 @@
 """Choosing γ without touching the novel labels: a discovery rehearsal on the known classes (method.md §4 trap c).
 
-The known classes are split (seeded) into a proxy-known half and a proxy-novel half whose labels are
-hidden; each candidate ``γ`` trains the method on that proxy problem and is scored by the clustering
-accuracy (class-mean, Hungarian) on the proxy-novel training rows. Since ``γ`` enters as ``γ · KL / Ku``
-(its strength grows as Ku shrinks, trap a), the candidates are compared at equal ``γ / Ku`` and the winner is
-rescaled to the real ``Ku``. Cost: one proxy training per candidate (about half a real one each).
+The in-process counterpart of the Ray Tune search (``tuning/gamma_search.py``), on the same validation
+problem (:func:`ncdlr.service.validation.validation_splits`: pseudo-novel classes stratified over
+head/medium/tail, a held-out ``val`` share of every class). Each candidate ``γ`` trains the method on it with
+:func:`ncdlr.service.local.train` and is scored by the pseudo-novel class-mean accuracy on ``val``
+(:func:`ncdlr.service.validation.validation_scores`). Since ``γ`` enters as ``γ · KL / Ku`` (its strength
+grows as Ku shrinks, trap a), the candidates are compared at equal ``γ / Ku`` and the winner is rescaled to
+the real ``Ku``. The validation problem has fewer unlabeled rows than the real one (n' pseudo-novel against n
+novel training rows), so each candidate trains with the batch and the buffer scaled by n'/n: an epoch has as
+many steps as a real one and the buffer holds the same share of an epoch. Cost: one training on about 80 % of
+the known rows per candidate.
 """
 
 from __future__ import annotations
@@ -12,51 +17,50 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-import torch
 
-from ncdlr.metrics import cluster_accuracy
+from ncdlr.data.features import FeatureSplits
 
-
-def known_class_proxy(splits, seed: int):
-    """``FeatureSplits`` of the proxy problem: known classes split in half, ``test`` = the proxy-novel rows.
-
-    Returns the proxy splits; proxy labels are ``0..a-1`` (proxy-known) and ``a..Ks-1`` (proxy-novel).
-    """
-    from ncdlr.service.train_loop import FeatureSplits
-
-    ks = splits.num_known
-    if ks < 4:
-        raise ValueError(f"a known-class proxy needs at least 4 known classes, got {ks}")
-    order = torch.randperm(ks, generator=torch.Generator().manual_seed(seed + 7))
-    a = ks - ks // 2
-    relabel = torch.empty(ks, dtype=torch.long)
-    relabel[order] = torch.arange(ks)
-    x, y = splits.features["known"], relabel[splits.labels["known"]]
-    known, novel = y < a, y >= a
-    return FeatureSplits({"known": x[known], "novel": x[novel], "test": x[novel]},
-                         {"known": y[known], "novel": y[novel], "test": y[novel]}, a, ks - a,
-                         [str(i) for i in range(ks)])
+from .config import Config
+from .local import TrainedRun, embed, train
+from .validation import SCORING_SPLIT, ValidationConfig, validation_scores, validation_splits
 
 
-def select_gamma(cfg, splits, gamma_per_cluster: tuple[float, ...] = (0.05, 0.15, 0.5, 1.5)) -> tuple[float, dict]:
+def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
+    """A copy of ``cfg`` for one candidate: ``labeler.gamma = gamma``, ``data.batch_size`` and
+    ``labeler.buffer_size`` times ``scale`` (n'/n; at least one row, the buffer at least one batch)."""
+    trial = copy.deepcopy(cfg)
+    trial.labeler.gamma = gamma
+    trial.data.batch_size = max(1, round(cfg.data.batch_size * scale))
+    trial.labeler.buffer_size = max(trial.data.batch_size, round(cfg.labeler.buffer_size * scale))
+    return trial
+
+
+def rehearsal_score(run: TrainedRun, validation: FeatureSplits) -> float:
+    """The validation score of ``run``: pseudo-novel class-mean accuracy of its predictions on ``val``."""
+    logits = run.method.predict_logits(run.model, embed(run.model, validation.features[SCORING_SPLIT]))
+    return validation_scores(validation.labels[SCORING_SPLIT].numpy(), logits.argmax(1).numpy(),
+                             validation.num_known, validation.train_counts())["score"]
+
+
+def select_gamma(cfg: Config, splits: FeatureSplits,
+                 gamma_per_cluster: tuple[float, ...] = (0.05, 0.15, 0.5, 1.5)) -> tuple[float, dict[float, float]]:
     """Best ``γ`` for ``cfg`` on ``splits`` by the known-class rehearsal.
 
     Args:
-        cfg: the run's config (its ``labeler.gamma`` is ignored); ``splits``: the real feature splits.
+        cfg: the run's config (its ``labeler.gamma`` is ignored; ``run.seed`` seeds the validation split).
+        splits: the real feature splits: the ``known`` rows, ``num_novel`` (Ku) and the number of ``novel``
+            training rows (their labels are never read).
         gamma_per_cluster: candidates for ``γ / Ku``.
 
     Returns:
-        ``(γ for the real Ku, {γ/Ku: proxy-novel class-mean accuracy})``.
+        ``(γ for the real Ku, {γ/Ku: pseudo-novel class-mean accuracy on val})``; ties go to the candidate
+        nearest ``γ/Ku = 0.5``.
     """
-    from .run import evaluate, train
-
-    proxy = known_class_proxy(splits, cfg.run.seed)
+    validation, info = validation_splits(splits, ValidationConfig(seed=cfg.run.seed))
+    scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
     scores = {}
     for ratio in gamma_per_cluster:
-        trial = copy.deepcopy(cfg)
-        trial.labeler.gamma = ratio * proxy.num_novel
-        run = train(trial, proxy)
-        metrics = evaluate(run, proxy, posthoc=("none",))["none"]
-        scores[ratio] = metrics["novel"]
+        trial = rehearsal_config(cfg, ratio * info.num_novel, scale)
+        scores[ratio] = rehearsal_score(train(trial, validation), validation)
     best = max(scores, key=lambda r: (scores[r], -abs(np.log(r / 0.5))))
     return best * splits.num_novel, scores

@@ -1,9 +1,11 @@
-"""The known-class validation split used to tune γ and α without ever looking at novel labels.
+"""The known-class validation problem used to choose γ and α without ever looking at novel labels.
 
-Protocol (what ``tuning/gamma_search.py`` scores a trial on):
+One protocol, in one function (:func:`validation_splits`), for both ways γ is chosen: the Ray Tune search
+(``tuning/gamma_search.py`` trains its trials on the table :func:`build_validation_table` writes) and the
+in-process rehearsal (:func:`ncdlr.service.rehearsal.select_gamma`, used by the quality benchmark).
 
-1. Only the rows of the **known** split of a feature table are read (``split == "known"``); the novel split,
-   its labels and any val/test rows are never loaded.
+1. Only the rows of the **known** split are used (from a table, a parquet filter reads only
+   ``split == "known"``); the novel split, its labels and any val/test rows are never loaded or looked at.
 2. A seeded ``pseudo_novel_fraction`` (default 20 %) of the ``Ks`` known classes becomes *pseudo-novel*. The
    choice is stratified over head / medium / tail (the 3:4:3 cut of :func:`ncdlr.metrics.head_medium_tail` by
    training count), so the validation problem keeps the long tail of the real one. At least two classes are
@@ -15,23 +17,23 @@ Protocol (what ``tuning/gamma_search.py`` scores a trial on):
    original label order); the held-out rows form the ``val`` split. Every source row lands in exactly one
    split, so no image is used twice and none is both trained on and scored.
 
-The score of a run on this table is the class-mean accuracy over the pseudo-novel classes of ``val``
-(``cluster_accuracy(...)["novel"]``: one Hungarian matching over all classes, task-agnostic).
+The score of a run on this problem is the class-mean accuracy over the pseudo-novel classes of ``val``
+(:func:`validation_scores`: ``cluster_accuracy(...)["novel"]``, one Hungarian matching over all classes,
+task-agnostic).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+import torch
 
-from ncdlr.metrics import head_medium_tail
+from ncdlr.data.features import FeatureSplits, FeatureTableError, read_feature_table, read_metadata, write_feature_table
+from ncdlr.metrics import cluster_accuracy, head_medium_tail
 
-from .embed import METADATA_KEY, open_feature_table, write_feature_table
+from .config import ConfigError
 
 SCORING_SPLIT = "val"
 
@@ -47,16 +49,16 @@ class ValidationConfig:
 
     def check(self) -> None:
         if not 0.0 < self.pseudo_novel_fraction < 1.0:
-            raise ValueError(f"pseudo_novel_fraction must be in (0, 1), got {self.pseudo_novel_fraction}")
+            raise ConfigError(f"pseudo_novel_fraction must be in (0, 1), got {self.pseudo_novel_fraction}")
         if not 0.0 < self.holdout_fraction < 1.0:
-            raise ValueError(f"holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
+            raise ConfigError(f"holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
         if self.min_pseudo_novel < 2:
-            raise ValueError(f"min_pseudo_novel must be at least 2, got {self.min_pseudo_novel}")
+            raise ConfigError(f"min_pseudo_novel must be at least 2, got {self.min_pseudo_novel}")
 
 
 @dataclass(frozen=True)
 class ValidationSplit:
-    """What :func:`build_validation_table` wrote (also stored in the table's metadata under ``validation``).
+    """What :func:`validation_splits` built (stored in a validation table's metadata under ``validation``).
 
     ``pseudo_known[i]`` is the original label of new label ``i``; ``pseudo_novel[j]`` that of ``Ks' + j``.
     ``target_num_known``/``target_num_novel`` are Ks and Ku of the source table (Ku from its metadata or the
@@ -125,85 +127,122 @@ def holdout_mask(labels: np.ndarray, fraction: float = 0.2, seed: int = 0) -> np
     return mask
 
 
-def _read_known_rows(uri: str) -> tuple[pa.Table, dict]:
-    """The ``known`` rows of a feature table (``embedding``, ``label``, optional ``source_id``) and its metadata."""
-    fs, path, schema = open_feature_table(uri)
-    columns = ["embedding", "label"] + (["source_id"] if "source_id" in schema.names else [])
-    table = pq.read_table(path, filesystem=fs, columns=columns, filters=[("split", "==", "known")])
-    meta = {}
-    if schema.metadata and METADATA_KEY in schema.metadata:
-        meta = json.loads(schema.metadata[METADATA_KEY])
-    if table.num_rows == 0:
-        raise ValueError(f"feature table {uri!r} has no rows with split 'known'")
-    return table, meta
-
-
-def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig = ValidationConfig(),
-                           num_novel: int | None = None) -> ValidationSplit:
-    """Write the pseudo-known / pseudo-novel validation feature table of ``source_uri`` to ``out_uri``.
+def validation_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationConfig(), num_novel: int | None = None,
+                      *, source: str = "feature splits") -> tuple[FeatureSplits, ValidationSplit]:
+    """The validation problem of ``splits`` (the protocol above), in memory.
 
     Args:
-        source_uri: feature table (local or s3://) with ``embedding``, ``label``, ``split``.
-        out_uri: where to write the validation table (same format; splits ``known``, ``novel``, ``val``).
-        num_novel: Ku of the real problem (for γ transfer); default from the source table's metadata.
+        splits: reads only ``features["known"]``, ``labels["known"]`` and ``source_ids["known"]`` (when present);
+            every other split may be absent, and no novel label is looked at.
+        num_novel: Ku of the real problem (for the γ transfer); default ``splits.num_novel``.
+        source: what the splits came from (in the :class:`ValidationSplit` and in error messages).
+
+    Returns:
+        ``(validation, info)``: ``validation`` has the splits ``known`` (pseudo-known, labels ``0..Ks'-1``),
+        ``novel`` (pseudo-novel, ``Ks'..Ks'+Ku'-1``) and ``val`` (the held-out rows of both), each in source row
+        order, ``num_known = Ks'``, ``num_novel = Ku'`` and ``metadata["validation"]`` = ``asdict(info)``.
 
     Raises:
-        ValueError naming the table: missing columns, no known rows, too few known classes, duplicate
-        ``source_id`` values among the known rows, or no Ku available.
+        FeatureTableError naming ``source``: no known rows, too few known classes, repeated ``source_id`` values,
+        no row to hold out, or no Ku. ValueError (a :class:`ConfigError`) for ``cfg`` out of range.
     """
     cfg.check()
-    table, meta = _read_known_rows(source_uri)
-    labels = table.column("label").to_numpy().astype(np.int64)
-    num_known = int(meta.get("num_known", labels.max() + 1))
-    if labels.min() < 0 or labels.max() >= num_known:
-        raise ValueError(f"feature table {source_uri!r}: known labels must lie in 0..Ks-1 (Ks={num_known}), "
-                         f"found {int(labels.min())}..{int(labels.max())}")
-    if num_novel is None:
-        if "num_novel" not in meta:
-            raise ValueError(f"feature table {source_uri!r} has no 'num_novel' in its metadata; give the number of "
-                             f"novel classes (e.g. from `ncdlr estimate-k`)")
-        num_novel = int(meta["num_novel"])
-    if "source_id" in table.column_names:
-        source_ids = np.asarray(table.column("source_id").to_pylist(), dtype=object)
-        unique, counts = np.unique(source_ids.astype(str), return_counts=True)
-        if (counts > 1).any():
-            raise ValueError(f"feature table {source_uri!r}: source_id values repeat among the known rows "
-                             f"(e.g. {unique[counts > 1][:3].tolist()}); an image may be used only once")
-    else:
-        source_ids = np.asarray([f"row-{i}" for i in range(len(labels))], dtype=object)
+    if "known" not in splits.labels or not len(splits.labels["known"]):
+        raise FeatureTableError(f"{source}: no rows with split 'known'")
+    num_novel = splits.num_novel if num_novel is None else num_novel
+    if num_novel < 1:
+        raise FeatureTableError(f"{source}: the number of novel classes Ku is unknown; give it (e.g. from "
+                                f"`ncdlr estimate-k`)")
+    labels = splits.labels["known"].numpy()
+    source_ids = list(splits.source_ids.get("known") or [f"row-{i}" for i in range(len(labels))])
+    unique, repeats = np.unique(np.asarray(source_ids, dtype=str), return_counts=True)
+    if (repeats > 1).any():
+        raise FeatureTableError(f"{source}: source_id values repeat among the known rows "
+                                f"(e.g. {unique[repeats > 1][:3].tolist()}); an image may be used only once")
 
-    counts = np.bincount(labels, minlength=num_known)
+    counts = np.bincount(labels, minlength=splits.num_known)
     present = np.flatnonzero(counts > 0)
-    chosen = choose_pseudo_novel(counts[present].tolist(), cfg.pseudo_novel_fraction, cfg.seed, cfg.min_pseudo_novel)
+    try:
+        chosen = choose_pseudo_novel(counts[present].tolist(), cfg.pseudo_novel_fraction, cfg.seed,
+                                     cfg.min_pseudo_novel)
+    except ValueError as err:
+        raise FeatureTableError(f"{source}: {err}") from None
     pseudo_novel = sorted(int(present[i]) for i in chosen)
     pseudo_known = [int(c) for c in present if int(c) not in set(pseudo_novel)]
-    new_label = np.full(num_known, -1, dtype=np.int64)
+    new_label = np.full(splits.num_known, -1, dtype=np.int64)
     new_label[pseudo_known] = np.arange(len(pseudo_known))
     new_label[pseudo_novel] = len(pseudo_known) + np.arange(len(pseudo_novel))
 
     scoring = holdout_mask(labels, cfg.holdout_fraction, cfg.seed + 1)
+    if not scoring.any():
+        raise FeatureTableError(f"{source}: no known class has two or more rows, so none can be held out for scoring")
     is_novel = np.isin(labels, pseudo_novel)
     split = np.where(scoring, SCORING_SPLIT, np.where(is_novel, "novel", "known"))
-    emb = table.column("embedding").combine_chunks()
-    x = np.asarray(emb.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(labels), -1)
-    names = meta.get("class_names") or [str(i) for i in range(num_known)]
-    split_counts = {s: int((split == s).sum()) for s in ("known", "novel", SCORING_SPLIT)}
-    info = ValidationSplit(source=source_uri, pseudo_known=pseudo_known, pseudo_novel=pseudo_novel,
-                           split_counts=split_counts, target_num_known=num_known, target_num_novel=num_novel,
-                           config=asdict(cfg))
-    write_feature_table(out_uri, x, new_label[labels], split, num_known=len(pseudo_known),
-                        num_novel=len(pseudo_novel), class_names=[names[c] for c in pseudo_known + pseudo_novel],
-                        source_ids=[str(s) for s in source_ids], extra={"validation": asdict(info)})
+    masks = {name: split == name for name in ("known", "novel", SCORING_SPLIT)}
+    info = ValidationSplit(source=source, pseudo_known=pseudo_known, pseudo_novel=pseudo_novel,
+                           split_counts={name: int(mask.sum()) for name, mask in masks.items()},
+                           target_num_known=splits.num_known, target_num_novel=int(num_novel), config=asdict(cfg))
+    x, y = splits.features["known"], torch.from_numpy(new_label[labels])
+    validation = FeatureSplits(
+        features={name: x[torch.from_numpy(mask)] for name, mask in masks.items()},
+        labels={name: y[torch.from_numpy(mask)] for name, mask in masks.items()},
+        num_known=len(pseudo_known), num_novel=len(pseudo_novel),
+        class_names=[splits.class_names[c] for c in pseudo_known + pseudo_novel],
+        source_ids={name: [i for i, keep in zip(source_ids, mask) if keep] for name, mask in masks.items()},
+        metadata={"validation": asdict(info)})
+    return validation, info
+
+
+def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig = ValidationConfig(),
+                           num_novel: int | None = None) -> ValidationSplit:
+    """Write the validation feature table of ``source_uri`` (:func:`validation_splits`) to ``out_uri``.
+
+    Args:
+        source_uri: feature table (local or s3://) with ``embedding``, ``label``, ``split``; only its ``known``
+            rows are read (a parquet filter).
+        out_uri: where to write the validation table (same format; splits ``known``, ``novel``, ``val``).
+        num_novel: Ku of the real problem (for γ transfer); default from the source table's metadata.
+
+    Raises:
+        FeatureTableError naming the table: every check of :func:`ncdlr.data.features.read_feature_table` on the
+        known rows (missing columns, no known rows, bad embeddings or labels), those of
+        :func:`validation_splits`, or no Ku available. Storage errors for a missing table.
+    """
+    cfg.check()
+    known = read_feature_table(source_uri, splits=("known",))  # only the known rows are ever read
+    if num_novel is None:
+        if "num_novel" not in known.metadata:
+            raise FeatureTableError(f"feature table {source_uri!r} has no 'num_novel' in its metadata; give the "
+                                    f"number of novel classes (e.g. from `ncdlr estimate-k`)")
+        num_novel = int(known.metadata["num_novel"])
+    validation, info = validation_splits(known, cfg, num_novel, source=source_uri)
+    names = ("known", "novel", SCORING_SPLIT)
+    write_feature_table(out_uri, torch.cat([validation.features[s] for s in names]).numpy(),
+                        torch.cat([validation.labels[s] for s in names]).numpy(),
+                        sum(([s] * len(validation.labels[s]) for s in names), []),
+                        num_known=validation.num_known, num_novel=validation.num_novel,
+                        class_names=validation.class_names,
+                        source_ids=sum((validation.source_ids[s] for s in names), []), extra=validation.metadata)
     return info
+
+
+def validation_scores(y_true: np.ndarray, y_pred: np.ndarray, num_known: int,
+                      train_counts: Sequence[int]) -> dict[str, float]:
+    """The score of a run on the validation problem, from its predictions ``[n]`` of the ``val`` rows ``[n]``.
+
+    ``score`` = class-mean accuracy over the pseudo-novel classes after one Hungarian matching over all classes
+    (``cluster_accuracy(...)["novel"]``); ``score_head/medium/tail`` its parts by training count; ``val_all``,
+    ``val_known``, ``val_novel_inst`` (instance accuracy) for context.
+    """
+    acc = cluster_accuracy(y_true, y_pred, num_known, list(train_counts))
+    return {"score": acc["novel"], "score_head": acc["novel_head"], "score_medium": acc["novel_medium"],
+            "score_tail": acc["novel_tail"], "val_all": acc["all"], "val_known": acc["known"],
+            "val_novel_inst": acc["novel_inst"]}
 
 
 def read_validation_split(uri: str) -> ValidationSplit:
     """The :class:`ValidationSplit` stored in a validation table's metadata (errors name the URI)."""
-    from ncdlr.data.storage import resolve
-
-    fs, path = resolve(uri)
-    schema = pq.read_schema(path, filesystem=fs)
-    meta = json.loads(schema.metadata[METADATA_KEY]) if schema.metadata and METADATA_KEY in schema.metadata else {}
+    meta = read_metadata(uri)
     if "validation" not in meta:
         raise ValueError(f"{uri!r} is not a validation table (no 'validation' entry in its metadata)")
     return ValidationSplit(**meta["validation"])

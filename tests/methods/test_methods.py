@@ -10,21 +10,15 @@ import torch
 
 from ncdlr.methods import (METHODS, MethodConfigError, build_method, class_balanced_sampler, logit_adjustment,
                            pseudo_label_counts, ranking_pairs)
-from ncdlr.methods.run import evaluate, train
-from ncdlr.ot import AdaptiveSelfLabeler
-from ncdlr.service.config import Config, ConfigError, apply_overrides
-from ncdlr.service.train_loop import FeatureSplits
+from ncdlr.data.features import FeatureSplits
+from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.service.config import Config, ConfigError, apply_overrides, load_config
+from ncdlr.service.local import evaluate, train
 
 KS, KU, DIM = 4, 4, 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: a second thread only adds synchronisation (and the CI machine is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_table(seed: int = 0) -> FeatureSplits:
@@ -174,18 +168,37 @@ def test_baselines_refuse_the_shared_buffer_naming_the_switch(method):
     cfg = Config()
     cfg.method.name = method
     with pytest.raises(MethodConfigError, match="labeler.use_buffer=false"):
-        build_method(cfg)
+        build_method(cfg.method, cfg.labeler, KU)
+
+
+@pytest.mark.parametrize("method", ["uno", "autonovel"])
+def test_naming_a_baseline_alone_sets_what_it_needs(method):
+    """``--method.name uno`` alone trains UNO: the method's requirements are applied under explicit settings."""
+    cfg = load_config(None, ["--method.name", method])
+    assert (cfg.model.prototypes, cfg.labeler.use_buffer) == ("learnable", False)
+    assert build_method(cfg.method, cfg.labeler, KU).name == method
+    with pytest.raises(ConfigError, match="model.prototypes='learnable'"):
+        load_config(None, ["--method.name", method, "--prototypes", "etf"])
+    with pytest.raises(ConfigError, match="labeler.use_buffer=False"):
+        load_config(None, ["--method.name", method, "--use-buffer", "true"])
 
 
 def test_build_method_resolves_the_loss_per_method():
     cfg = Config()
-    assert build_method(cfg).loss == "mse"
+    assert build_method(cfg.method, cfg.labeler, KU).loss == "mse"
     cfg.labeler.use_buffer = False
     for name in METHODS:
         cfg.method.name = name
-        assert build_method(cfg).name == name
+        assert build_method(cfg.method, cfg.labeler, KU).name == name
     cfg.method.name = "uno"
-    assert build_method(cfg).loss == "ce"
+    assert build_method(cfg.method, cfg.labeler, KU).loss == "ce"
+
+
+def test_build_method_takes_the_labeler_from_its_config_section():
+    """γ and every other labeler field reach the labeler straight from the ``labeler`` section (no hand copy)."""
+    cfg = load_config(None, ["--gamma", "7.5", "--labeler.eps", "0.02", "--labeler.outer-steps", "4"])
+    labeler = build_method(cfg.method, cfg.labeler, KU).labeler
+    assert (labeler.gamma, labeler.eps, labeler.outer_steps, labeler.num_clusters) == (7.5, 0.02, 4, KU)
 
 
 def test_anchored_prior_stays_near_its_anchor_where_the_faithful_prior_runs_away():
@@ -199,7 +212,7 @@ def test_anchored_prior_stays_near_its_anchor_where_the_faithful_prior_runs_away
 
 
 def test_anchored_prior_with_a_huge_gamma_is_the_fixed_geometric_prior():
-    from ncdlr.ot import cluster_prior
+    from ncdlr.priors import cluster_prior
 
     scores = torch.randn(256, 6, generator=torch.Generator().manual_seed(3))
     anchored = AdaptiveSelfLabeler(6, prior="anchored", gamma=1e6, max_imbalance=5.0, init_t=math.log(4.0), lr=1e-4)
@@ -210,24 +223,3 @@ def test_anchored_prior_with_a_huge_gamma_is_the_fixed_geometric_prior():
 def test_anchored_prior_needs_an_anchor():
     with pytest.raises(ValueError, match="max_imbalance"):
         AdaptiveSelfLabeler(5, prior="anchored")
-
-
-def test_known_class_proxy_splits_the_known_classes_and_hides_no_row():
-    from ncdlr.methods.select import known_class_proxy
-
-    splits = tiny_table()
-    proxy = known_class_proxy(splits, seed=0)
-    assert (proxy.num_known, proxy.num_novel) == (2, 2)
-    assert proxy.features["known"].shape[0] + proxy.features["novel"].shape[0] == splits.features["known"].shape[0]
-    assert proxy.labels["known"].max() < 2 <= proxy.labels["novel"].min()
-    assert torch.equal(proxy.features["test"], proxy.features["novel"])
-
-
-def test_select_gamma_returns_one_candidate_rescaled_to_the_real_ku():
-    from ncdlr.methods.select import select_gamma
-
-    cfg = tiny_config("ncdlr")
-    cfg.optim.epochs = 3
-    gamma, scores = select_gamma(cfg, tiny_table(), gamma_per_cluster=(0.1, 1.0))
-    assert set(scores) == {0.1, 1.0} and all(0 <= v <= 1 for v in scores.values())
-    assert gamma in (0.1 * KU, 1.0 * KU)

@@ -1,10 +1,9 @@
-"""tuning/gamma_search.py: search space, γ transfer, ranking, best config accepted by the trainer, --help, a tiny Tune run."""
+"""tuning/gamma_search.py: ranking, best config accepted by the trainer, --help, refusals, a tiny Tune run."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,52 +11,11 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from ncdlr.service.config import Config, load_config
-from tuning.gamma_search import (
-    SearchSpace,
-    UNIFORM,
-    apply_trial_params,
-    format_table,
-    main,
-    rank_trials,
-    search_space,
-    trial_gamma,
-    write_best_config,
-)
+from ncdlr.service.config import load_config
+from ncdlr.service.tune import UNIFORM
+from tuning.gamma_search import format_table, main, rank_trials, write_best_config
 
 ROOT = Path(__file__).parents[2]
-# Set at collection, before the session's Ray starts: on a loaded machine a Train worker can take longer than
-# Ray's default 60 s to start, and the Train controller then retries forever (seen here at load average 60+).
-os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
-
-
-def test_search_space_contains_the_uniform_candidate():
-    params, points = search_space(SearchSpace())
-    assert {"gamma": UNIFORM, "alpha": 1.0} in points
-    assert params["gamma"].lower == 50.0 and params["gamma"].upper == 5000.0
-    assert params["alpha"].lower == 0.25 and params["alpha"].upper == 4.0
-    cfg = apply_trial_params(Config(), UNIFORM, 1.0)
-    assert cfg.labeler.prior == "uniform" and math.isfinite(cfg.labeler.gamma)
-    _, without = search_space(SearchSpace(include_uniform=False))
-    assert without == []
-
-
-def test_gamma_is_log_uniform_over_the_configured_range():
-    params, _ = search_space(SearchSpace(gamma_min=1.0, gamma_max=100.0))
-    draws = [params["gamma"].sample() for _ in range(400)]
-    assert 1.0 <= min(draws) and max(draws) <= 100.0
-    assert 0.3 < sum(d < 10.0 for d in draws) / len(draws) < 0.7  # log-uniform: half the mass below √(1·100)
-
-
-def test_bad_gamma_range_is_refused():
-    with pytest.raises(ValueError, match="gamma-min"):
-        search_space(SearchSpace(gamma_min=100.0, gamma_max=10.0))
-
-
-def test_trial_gamma_keeps_gamma_per_novel_cluster():
-    assert trial_gamma(500.0, 4, 20, transfer=True) == pytest.approx(100.0)
-    assert trial_gamma(500.0, 4, 20, transfer=False) == 500.0
-    assert math.isinf(trial_gamma(UNIFORM, 4, 20, transfer=True))
 
 
 def test_completed_trials_rank_above_stopped_ones_and_uniform_is_labelled():
@@ -104,13 +62,32 @@ def test_help_explains_the_protocol_and_the_cluster_flags():
         assert phrase in out, phrase
 
 
-def test_bad_arguments_are_reported(tmp_path, capsys):
+def test_bad_arguments_are_reported_in_one_line(tmp_path, capsys):
     assert main(["--features", str(tmp_path / "missing.parquet"), "--output", str(tmp_path / "out")]) == 2
     assert "missing.parquet" in capsys.readouterr().err
     assert main(["--gamma-min", "10", "--gamma-max", "1", "--output", str(tmp_path / "out")]) == 2
     assert "--gamma-min" in capsys.readouterr().err
-    assert main(["--features", "x.parquet", "--gamma", "lots", "--output", str(tmp_path / "o")]) == 2
-    assert "labeler.gamma" in capsys.readouterr().err
+    assert main(["--features", "x.parquet", "--epochs", "lots", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "optim.epochs" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", ["--gamma", "--labeler.gamma", "--alpha", "--optim.alpha", "--prior",
+                                  "--labeler.prior"])
+def test_the_searched_fields_are_refused_not_silently_overwritten(tmp_path, capsys, flag):
+    value = "uniform" if flag.endswith("prior") else "10"
+    assert main(["--features", "x.parquet", flag, value, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err
+    assert "--gamma-min/--gamma-max" in err and "--alpha-min/--alpha-max" in err
+    assert not (tmp_path / "o").exists()  # refused before anything is read or written
+
+
+def test_the_searched_fields_are_not_offered_as_overrides():
+    help_text = subprocess.run([sys.executable, str(ROOT / "tuning" / "gamma_search.py"), "--help"],
+                               capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert "--labeler.gamma" not in help_text and "--optim.alpha" not in help_text
+    assert "--labeler.prior" not in help_text and "--labeler.lr" in help_text
 
 
 def _no_placement_group_left(wait_s: float = 20.0) -> bool:
@@ -130,7 +107,7 @@ def _no_placement_group_left(wait_s: float = 20.0) -> bool:
 def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_trainer_accepts(
         ray_local, s3_bucket, tmp_path):
     from ncdlr.data.storage import resolve
-    from ncdlr.service.embed import synthetic_features, write_feature_table
+    from ncdlr.data.features import synthetic_features, write_feature_table
 
     x, y, s = synthetic_features(num_known=10, num_novel=10, dim=16, n_max=60, ratio=5, test_per_class=4, seed=2)
     table = str(tmp_path / "features.parquet")

@@ -8,9 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+from ncdlr.data.storage import ObjectNotFoundError
 from ncdlr.metrics import head_medium_tail
-from ncdlr.service.embed import read_feature_table, synthetic_features, write_feature_table
 from ncdlr.service.validation import (
     SCORING_SPLIT,
     ValidationConfig,
@@ -18,6 +20,8 @@ from ncdlr.service.validation import (
     choose_pseudo_novel,
     holdout_mask,
     read_validation_split,
+    validation_scores,
+    validation_splits,
 )
 
 
@@ -78,6 +82,39 @@ def test_labels_are_remapped_pseudo_known_first_and_the_trainer_reads_the_table(
     assert info.target_num_novel == 10  # Ku of the real problem, from the metadata (for the γ transfer)
 
 
+def test_the_table_holds_the_in_memory_validation_splits(source_table, tmp_path):
+    out = str(tmp_path / "val.parquet")
+    info = build_validation_table(source_table, out)
+    known = read_feature_table(source_table, splits=("known",))
+    expected, same = validation_splits(known, ValidationConfig(), num_novel=10, source=source_table)
+    assert same == info
+    written = read_feature_table(out)
+    assert (written.num_known, written.num_novel, written.class_names) == \
+        (expected.num_known, expected.num_novel, expected.class_names)
+    for split in ("known", "novel", SCORING_SPLIT):
+        assert torch.equal(written.features[split], expected.features[split])
+        assert torch.equal(written.labels[split], expected.labels[split])
+        assert written.source_ids[split] == expected.source_ids[split]
+
+
+def test_in_memory_splits_need_only_the_known_rows(source_table):
+    known = read_feature_table(source_table, splits=("known",))
+    only_known = type(known)({"known": known.features["known"]}, {"known": known.labels["known"]}, 10, 10,
+                             known.class_names)
+    validation, info = validation_splits(only_known)
+    assert info.target_num_novel == 10 and sum(info.split_counts.values()) == len(known.labels["known"])
+    assert sorted(validation.features) == ["known", "novel", SCORING_SPLIT]
+
+
+def test_the_score_is_the_pseudo_novel_class_mean_accuracy_after_one_matching():
+    y_true = np.array([0, 0, 1, 1, 2, 2, 2, 3])
+    counts = [10, 10, 8, 2]
+    swapped = validation_scores(y_true, np.array([0, 0, 1, 1, 3, 3, 3, 2]), 2, counts)
+    assert swapped["score"] == 1.0 and swapped["val_known"] == 1.0  # cluster ids are matched, not compared
+    merged = validation_scores(y_true, np.array([0, 0, 1, 1, 2, 2, 2, 2]), 2, counts)
+    assert merged["score"] == pytest.approx(0.5) and merged["val_novel_inst"] == pytest.approx(0.75)
+
+
 def test_pseudo_novel_choice_is_stratified_over_head_medium_tail():
     counts = [int(1000 * 50 ** (-c / 19)) for c in range(20)]
     groups = head_medium_tail(list(range(20)), counts)
@@ -107,12 +144,12 @@ def test_too_few_known_classes_are_refused(tmp_path):
 def test_missing_column_is_named(tmp_path):
     path = str(tmp_path / "bad.parquet")
     pq.write_table(pa.table({"embedding": [[0.0, 1.0]], "split": ["known"]}), path)
-    with pytest.raises(ValueError, match="lacks column 'label'"):
+    with pytest.raises(ValueError, match=r"lacks column\(s\) label"):
         build_validation_table(path, str(tmp_path / "val.parquet"))
 
 
 def test_missing_table_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nowhere.parquet"):
+    with pytest.raises(ObjectNotFoundError, match="nowhere.parquet"):
         build_validation_table(str(tmp_path / "nowhere.parquet"), str(tmp_path / "val.parquet"))
 
 

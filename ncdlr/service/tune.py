@@ -1,0 +1,431 @@
+"""Ray Tune glue of the γ/α search (``tuning/gamma_search.py``): trials that run the real trainer.
+
+A trial is a Tune *function* trainable (:func:`run_trial`, wrapped by :func:`trainable` with
+``{"CPU": 0.01}``) that builds a Ray Train ``TorchTrainer`` around :func:`ncdlr.service.worker.train_worker`
+in feature-table mode, on the known-class validation table of :mod:`ncdlr.service.validation`. Ray 2.60
+(Train V2) needs three workarounds, all kept here:
+
+* ``Tuner(TorchTrainer)`` fails under Train V2 ("Improper 'run'"), hence the function trainable; a Train
+  callback (:class:`ValidationScoreCallback`, a ``TuneReportCallback``) scores each epoch's checkpoint on
+  ``val`` and forwards the metrics to Tune.
+* Train V2's controller creates the worker group's placement group, and a placement group lives as long as
+  the *job*: when ASHA stops a trial the group stays reserved and later trials wait forever. The worker
+  registers its group (:func:`placement_group_registry`) and :class:`ReleaseStoppedTrialGroups` removes it.
+* Ray gives a worker group 60 s to start, too little on a loaded small machine (:data:`RAY_ENV_DEFAULTS`).
+
+Searches are resumable: :class:`ExperimentStorage` (local or ``s3://``) holds the Tune experiment, the
+validation table, the :class:`TrialSettings` and each trial's TorchTrainer run under fixed names, so
+:func:`restore_tuner` continues a stopped search and each trial its TorchTrainer from its last checkpoint.
+
+γ is searched in the units of the real run (Ku novel classes); a trial on Ku' pseudo-novel classes runs with
+``γ·Ku'/Ku`` (:func:`trial_gamma`: the labeler divides the KL term by Ku, so γ/Ku is what transfers).
+γ = ∞ (:data:`UNIFORM`) stands for the uniform-prior limit, ``labeler.prior = uniform``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import uuid
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+import ray
+import ray.train
+import torch
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from ncdlr.data.features import FeatureSplits
+from ncdlr.data.storage import is_s3, join, run_storage_filesystem
+
+from .config import Config, ConfigError, from_dict, save_config
+from .validation import SCORING_SPLIT, validation_scores
+
+log = logging.getLogger(__name__)
+
+UNIFORM = math.inf  #: the γ that stands for the uniform-prior limit (labeler.prior = uniform)
+#: Set before Ray starts, so its processes inherit them: report polling without the 1.8 s wait, no progress
+#: bars, and a worker-group start timeout well above Ray's 60 s (past it the controller retries forever).
+RAY_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+                    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "900"}
+
+
+def set_ray_env_defaults() -> None:
+    """Apply :data:`RAY_ENV_DEFAULTS` where the environment does not set them (call before ``init_ray``)."""
+    for key, value in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+# -- what a trial runs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """γ (config units, Ku novel classes) log-uniform, α uniform; the uniform limit as an explicit candidate."""
+
+    gamma_min: float = 50.0
+    gamma_max: float = 5000.0
+    alpha_min: float = 0.25
+    alpha_max: float = 4.0
+    include_uniform: bool = True
+
+    def check(self) -> None:
+        if not 0 < self.gamma_min < self.gamma_max < math.inf:
+            raise ConfigError(f"need 0 < --gamma-min < --gamma-max < inf, got {self.gamma_min:g}, {self.gamma_max:g}")
+        if not 0 < self.alpha_min <= self.alpha_max:
+            raise ConfigError(f"need 0 < --alpha-min <= --alpha-max, got {self.alpha_min:g}, {self.alpha_max:g}")
+
+    def tune_space(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Tune's ``param_space`` and ``points_to_evaluate`` (the uniform limit with α = 1, evaluated first)."""
+        self.check()
+        params = {"gamma": tune.loguniform(self.gamma_min, self.gamma_max),
+                  "alpha": tune.uniform(self.alpha_min, self.alpha_max)}
+        return params, [{"gamma": UNIFORM, "alpha": 1.0}] if self.include_uniform else []
+
+
+def trial_gamma(gamma: float, val_num_novel: int, target_num_novel: int, transfer: bool) -> float:
+    """γ for a trial on Ku' pseudo-novel classes that keeps γ/Ku of the target run (``transfer``), else γ."""
+    if math.isinf(gamma) or not transfer:
+        return gamma
+    return gamma * val_num_novel / target_num_novel
+
+
+def apply_trial_params(base: Config, gamma: float, alpha: float) -> Config:
+    """A copy of ``base`` with γ/α set: γ = ∞ → ``labeler.prior = uniform`` (γ left as in ``base``)."""
+    cfg = copy.deepcopy(base)
+    if math.isinf(gamma):
+        cfg.labeler.prior = "uniform"
+    else:
+        cfg.labeler.prior, cfg.labeler.gamma = "adaptive", float(gamma)
+    cfg.optim.alpha = float(alpha)
+    return cfg
+
+
+@dataclass
+class TrialSettings:
+    """What every trial of one search shares; stored with the experiment (JSON) so a resumed search keeps it.
+
+    ``cfg``: the trials' base Config (``data.features`` = the validation table). ``train_storage``: where each
+    trial's TorchTrainer keeps its checkpoints. ``pg_registry``: the name of the placement-group registry.
+    """
+
+    cfg: Config
+    target_num_novel: int  #: Ku of the real run (γ's units)
+    val_num_novel: int  #: Ku' of the validation problem
+    gamma_transfer: bool  #: trials run with γ·Ku'/Ku
+    workers: int
+    cpus_per_trial: float
+    gpus_per_trial: float
+    train_storage: str
+    pg_registry: str
+
+    def trial_gamma(self, gamma: float) -> float:
+        return trial_gamma(gamma, self.val_num_novel, self.target_num_novel, self.gamma_transfer)
+
+    def trial_config(self, gamma: float, alpha: float, output: Path) -> Config:
+        """The Config one trial trains: γ (transferred) and α set, the trial's resources, no final evaluation."""
+        cfg = apply_trial_params(self.cfg, self.trial_gamma(gamma), alpha)
+        cfg.run.output, cfg.run.evaluate = str(output), False
+        cfg.run.num_workers, cfg.run.cpus_per_worker = self.workers, self.cpus_per_trial / self.workers
+        cfg.run.use_gpu = "true" if self.gpus_per_trial > 0 else "false"
+        return cfg
+
+    def to_json(self) -> str:
+        return json.dumps({**{f.name: getattr(self, f.name) for f in fields(self)}, "cfg": self.cfg.to_dict()},
+                          indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrialSettings:
+        data = json.loads(text)
+        return cls(**{**data, "cfg": from_dict(data["cfg"])})
+
+
+@dataclass
+class ScoringRows:
+    """The validation table's ``val`` rows (``features [n, D]``, ``labels [n]``) and what scoring needs."""
+
+    features: torch.Tensor
+    labels: np.ndarray
+    num_known: int
+    num_novel: int
+    train_counts: list[int]
+
+    @classmethod
+    def of(cls, splits: FeatureSplits) -> ScoringRows:
+        return cls(splits.features[SCORING_SPLIT], splits.labels[SCORING_SPLIT].numpy(), splits.num_known,
+                   splits.num_novel, splits.train_counts())
+
+
+class ValidationScoreCallback(TuneReportCallback):
+    """Train → Tune bridge that scores each reported checkpoint on the validation table's ``val`` rows.
+
+    Runs on the Ray Train controller: after every epoch report (rank 0 checkpoints each epoch) it loads the
+    checkpoint's model, predicts ``val`` and forwards ``{training metrics, score, ...}`` to the trial.
+    ``rows``: an object ref of the :class:`ScoringRows` (read once, by the trial).
+    """
+
+    def __init__(self, cfg: Config, rows: ray.ObjectRef, env: dict[str, str]):
+        super().__init__()
+        self._cfg, self._rows_ref, self._env = cfg, rows, env
+        self._rows: ScoringRows | None = None
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled in the controller process: give it the driver's S3 settings before any storage access.
+        self.__dict__.update(state)
+        os.environ.update(self._env)
+
+    def after_report(self, run_context, metrics, checkpoint):
+        from .evaluate import load_trained_model
+        from .train_loop import predict
+
+        row = dict(metrics[0])
+        if checkpoint is not None:
+            if self._rows is None:
+                self._rows = ray.get(self._rows_ref)
+            rows = self._rows
+            with checkpoint.as_directory() as directory:
+                model, _ = load_trained_model(self._cfg, directory, rows.num_known, rows.num_novel)
+            y_pred = predict(model, list(rows.features.split(self._cfg.data.eval_batch_size)), torch.device("cpu"))
+            row.update(validation_scores(rows.labels, y_pred, rows.num_known, rows.train_counts))
+        super().after_report(run_context, [row], checkpoint)
+
+
+def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> None:
+    """Tune function trainable: one (γ, α) = ``config["gamma"], config["alpha"]`` trained with the real trainer.
+
+    ``settings`` and ``env`` (the driver's ``AWS_*`` variables, applied by the trial, the Train controller and
+    the workers) come through ``tune.with_parameters``, so credentials stay out of the stored experiment.
+    """
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+
+    from .num_novel import model_num_novel
+    from .run_data import load_training_data
+    from .trainer import run_torch_trainer
+
+    os.environ.update(env)
+    context = tune.get_context()
+    trial_id = context.get_trial_id()
+    cfg = settings.trial_config(config["gamma"], config["alpha"], Path(context.get_trial_dir()) / "run")
+    data = load_training_data(cfg.data)
+    cfg.model.feature_dim = data.summary.feature_dim
+    save_config(cfg, Path(cfg.run.output) / "config.yaml")
+
+    workers, use_gpu = settings.workers, settings.gpus_per_trial > 0
+    resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": settings.gpus_per_trial / workers} if use_gpu else {})}
+    storage_fs, storage_path = ray_storage(settings.train_storage)
+    scoring = ValidationScoreCallback(cfg, ray.put(ScoringRows.of(data.features)), env)
+    run_torch_trainer(
+        cfg, data, _train_worker_in_trial,
+        actor_name=f"buffer-tune-{trial_id}-{uuid.uuid4().hex[:6]}",
+        num_novel=model_num_novel(cfg, data.summary),
+        extra_loop_config={"trial_id": trial_id, "pg_registry": settings.pg_registry},
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources),
+        # A fixed name per trial: a restored trial's TorchTrainer resumes from its own last checkpoint.
+        run_config=RunConfig(name=f"trial-{trial_id}", storage_path=storage_path, storage_filesystem=storage_fs,
+                             checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             failure_config=FailureConfig(max_failures=cfg.run.max_failures),
+                             callbacks=[scoring]),
+    )
+
+
+def trainable(settings: TrialSettings):
+    """:func:`run_trial` for the Tuner: bound to ``settings`` and the driver's ``AWS_*`` variables, with the
+    small resources of a function that only waits for its TorchTrainer."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    return tune.with_resources(tune.with_parameters(run_trial, settings=settings, env=env), {"CPU": 0.01})
+
+
+# -- placement groups of stopped trials ------------------------------------------------------------------------
+
+
+def _train_worker_in_trial(config: dict) -> None:
+    """:func:`ncdlr.service.worker.train_worker`, after rank 0 registers the worker group's placement group."""
+    from .worker import train_worker
+
+    group = ray.util.get_current_placement_group()
+    if group is not None and ray.train.get_context().get_world_rank() == 0:
+        registry = ray.get_actor(config["pg_registry"], namespace="ncdlr")
+        ray.get(registry.add.remote(config["trial_id"], group.id.hex()))
+    train_worker(config)
+
+
+@ray.remote(num_cpus=0)
+class PlacementGroupRegistry:
+    """Trial id → the placement groups its TorchTrainer created."""
+
+    def __init__(self):
+        self.groups: dict[str, set[str]] = {}
+
+    def add(self, trial_id: str, group: str) -> None:
+        self.groups.setdefault(trial_id, set()).add(group)
+
+    def pop(self, trial_id: str) -> list[str]:
+        return sorted(self.groups.pop(trial_id, set()))
+
+
+def placement_group_registry(name: str):
+    """The named :class:`PlacementGroupRegistry` actor (created if absent); hold the handle during the search."""
+    return PlacementGroupRegistry.options(name=name, namespace="ncdlr", get_if_exists=True).remote()
+
+
+class ReleaseStoppedTrialGroups(tune.Callback):
+    """A Tune callback that removes the placement groups of every trial that ends.
+
+    Ray Train V2 creates its worker group's placement group from the controller actor, and a placement group
+    lives as long as the job that created it, not the actor. When ASHA (or an interruption) stops a trial,
+    Tune ends the trial actor, the controller dies with it and never removes the group: its CPUs stay
+    reserved and later trials wait for them forever. A trial that finishes normally has already removed it.
+    """
+
+    def __init__(self, registry_name: str):
+        self.registry_name = registry_name
+
+    def _release(self, trial) -> None:
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+        registry = placement_group_registry(self.registry_name)
+        table = placement_group_table()
+        for group in ray.get(registry.pop.remote(trial.trial_id)):
+            if table.get(group, {}).get("state") not in (None, "REMOVED"):
+                remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(group))))
+                log.info("released the placement group %s of stopped trial %s", group, trial.trial_id)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._release(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._release(trial)
+
+
+# -- the Tuner ----------------------------------------------------------------------------------------------------
+
+
+def make_tuner(settings: TrialSettings, storage: ExperimentStorage, space: SearchSpace, *, num_samples: int,
+               max_concurrent: int, grace_period: int, reduction_factor: float, seed: int) -> tune.Tuner:
+    """A new search: random (γ, α) after the explicit candidates, ASHA over epochs (``grace_period`` 0 → half
+    the epochs: early validation scores are noisy), results ranked by ``score``."""
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    params, points = space.tune_space()
+    epochs = settings.cfg.optim.epochs
+    scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=grace_period or max(1, epochs // 2),
+                              reduction_factor=reduction_factor)
+    # max_concurrent_trials is ignored with a BasicVariantGenerator: its own max_concurrent limits the trials.
+    search = BasicVariantGenerator(points_to_evaluate=points, max_concurrent=max_concurrent, random_state=seed)
+    return tune.Tuner(
+        trainable(settings), param_space=params,
+        tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=scheduler, num_samples=num_samples,
+                                    search_alg=search),
+        run_config=tune.RunConfig(name=storage.name, storage_path=storage.root_path,
+                                  storage_filesystem=storage.ray_filesystem, verbose=1,
+                                  callbacks=[ReleaseStoppedTrialGroups(settings.pg_registry)]),
+    )
+
+
+def restore_tuner(settings: TrialSettings, storage: ExperimentStorage) -> tune.Tuner:
+    """The stored search (``Tuner.restore``): its space and scheduler kept, unfinished and errored trials resumed."""
+    return tune.Tuner.restore(storage.path, trainable(settings), resume_unfinished=True, resume_errored=True,
+                              storage_filesystem=storage.ray_filesystem)
+
+
+def fit_search(tuner: tune.Tuner, settings: TrialSettings):
+    """``tuner.fit()`` with the placement-group registry alive for the whole search; the Tune ``ResultGrid``."""
+    registry = placement_group_registry(settings.pg_registry)  # noqa: F841 - the handle keeps the actor alive
+    return tuner.fit()
+
+
+def trial_rows(result_grid, settings: TrialSettings) -> list[dict]:
+    """One row per trial of a Tune ``ResultGrid``: γ (config units and as trained), α, status, last metrics."""
+    rows = []
+    epochs = settings.cfg.optim.epochs
+    for result in result_grid:
+        metrics = result.metrics or {}
+        gamma, alpha = float(result.config["gamma"]), float(result.config["alpha"])
+        if result.error:
+            status = "error"
+        elif metrics.get("epoch") is None:
+            status = "not run"
+        else:  # fewer epochs: stopped by ASHA (or by an interruption, until the search is resumed)
+            status = "completed" if metrics["epoch"] == epochs else "stopped"
+        rows.append({"trial": metrics.get("trial_id") or Path(result.path).name, "gamma": gamma,
+                     "gamma_trial": settings.trial_gamma(gamma), "alpha": alpha, "status": status,
+                     **{k: metrics.get(k) for k in ("epoch", "score", "score_head", "score_medium", "score_tail",
+                                                    "val_all", "val_known", "tau", "loss")}})
+    return rows
+
+
+# -- storage: Ray Tune/Train on a local folder or s3:// ---------------------------------------------------------
+
+
+def ray_storage(uri: str) -> tuple[pafs.FileSystem | None, str]:
+    """``(filesystem, path)`` for Ray's ``storage_filesystem``/``storage_path``: local → ``(None, abs path)``;
+    ``s3://bucket/prefix`` → the marker-free S3 filesystem of :func:`ncdlr.data.storage.run_storage_filesystem`
+    (the bucket is checked; errors name the URI)."""
+    if not is_s3(uri):
+        return None, str(Path(uri).resolve())
+    return run_storage_filesystem(uri)
+
+
+@dataclass(frozen=True)
+class ExperimentStorage:
+    """The experiment folder ``<root>/<name>`` of a search: Tune's experiment, ``validation.parquet``,
+    ``search_settings.json`` and ``train/`` (the trials' TorchTrainer runs)."""
+
+    root: str  #: the storage URI (local folder or s3://bucket/prefix)
+    name: str
+    root_path: str  #: ``root`` inside :attr:`filesystem`
+    filesystem: pafs.FileSystem
+    ray_filesystem: pafs.FileSystem | None  #: what Ray is given (None: a local path)
+
+    @classmethod
+    def open(cls, root: str, name: str) -> ExperimentStorage:
+        ray_fs, root_path = ray_storage(root)
+        return cls(root, name, root_path, ray_fs or pafs.LocalFileSystem(), ray_fs)
+
+    @property
+    def path(self) -> str:
+        """The experiment inside :attr:`filesystem` (Tune's experiment path)."""
+        return f"{self.root_path}/{self.name}"
+
+    @property
+    def uri(self) -> str:
+        return join(self.root, self.name) if is_s3(self.root) else self.path
+
+    def child(self, name: str) -> str:
+        """The URI of ``name`` inside the experiment (what the feature-table and Train code take)."""
+        return join(self.uri, name)
+
+    def exists(self, name: str) -> bool:
+        return self.filesystem.get_file_info(f"{self.path}/{name}").type == pafs.FileType.File
+
+    def read_text(self, name: str) -> str:
+        with self.filesystem.open_input_stream(f"{self.path}/{name}") as stream:
+            return stream.read().decode()
+
+    def write_text(self, name: str, text: str) -> None:
+        if self.ray_filesystem is None:  # local: make the folders (S3 needs none, and rclone refuses markers)
+            self.filesystem.create_dir(self.path, recursive=True)
+        with self.filesystem.open_output_stream(f"{self.path}/{name}") as stream:
+            stream.write(text.encode())
+
+    def can_restore(self) -> bool:
+        """Whether a Tune experiment is stored here (the search then resumes)."""
+        return tune.Tuner.can_restore(self.path, storage_filesystem=self.ray_filesystem)
+
+
+def new_trial_settings(cfg: Config, storage: ExperimentStorage, *, target_num_novel: int, val_num_novel: int,
+                       gamma_transfer: bool, workers: int, cpus_per_trial: float,
+                       gpus_per_trial: float) -> TrialSettings:
+    """Settings of a new search: trials' TorchTrainer runs under ``<experiment>/train``, a fresh registry name."""
+    return TrialSettings(cfg, target_num_novel, val_num_novel, gamma_transfer, workers, cpus_per_trial,
+                         gpus_per_trial, storage.child("train"), f"gamma-search-groups-{uuid.uuid4().hex[:8]}")
+

@@ -1,0 +1,79 @@
+"""ncdlr.service.rehearsal.select_gamma: the in-process γ rehearsal on the search's own validation protocol."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ncdlr.data.features import FeatureSplits
+from ncdlr.service import rehearsal
+from ncdlr.service.config import Config
+from ncdlr.service.validation import SCORING_SPLIT, ValidationConfig, validation_splits
+
+KS, KU, DIM = 6, 4, 16
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def unlabeled_novel_table(seed: int = 0) -> FeatureSplits:
+    """Gaussian clusters around orthogonal centres, long-tailed known classes, and 300 novel rows of Ku = 4
+    classes *without labels* (the rehearsal may count them, never read their labels)."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.cat([torch.full((n,), c) for c, n in enumerate([120, 80, 60, 40, 30, 20])])
+    x = 3.0 * torch.eye(DIM)[labels] + 0.6 * torch.randn(len(labels), DIM, generator=g)
+    novel = 3.0 * torch.eye(DIM)[KS + torch.arange(300) % KU] + 0.6 * torch.randn(300, DIM, generator=g)
+    return FeatureSplits({"known": x, "novel": novel}, {"known": labels}, KS, KU, [str(i) for i in range(KS + KU)])
+
+
+def tiny_config() -> Config:
+    cfg = Config()
+    cfg.model.head, cfg.model.head_dim = "linear", 16
+    cfg.data.batch_size, cfg.data.feature_noise = 32, 0.1
+    cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 2, 1e-2, 1e-3, 1
+    cfg.labeler.buffer_size, cfg.labeler.outer_steps = 256, 5
+    return cfg
+
+
+def test_select_gamma_trains_each_candidate_on_the_search_validation_split_at_equal_gamma_per_cluster(monkeypatch):
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    expected, info = validation_splits(splits, ValidationConfig(seed=cfg.run.seed))
+    seen = []
+
+    def spy(trial_cfg, trained_on):
+        seen.append((trial_cfg.labeler.gamma, trained_on))
+        return real_train(trial_cfg, trained_on)
+
+    real_train = rehearsal.train
+    monkeypatch.setattr(rehearsal, "train", spy)
+    gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(0.1, 1.0))
+
+    assert [g for g, _ in seen] == pytest.approx([0.1 * info.num_novel, 1.0 * info.num_novel])
+    assert len(set(map(id, (t for _, t in seen)))) == 1  # the validation problem is built once
+    for _, trained_on in seen:  # the protocol of ncdlr.service.validation: pseudo-novel classes, held-out val
+        assert (trained_on.num_known, trained_on.num_novel) == (expected.num_known, expected.num_novel)
+        for split in ("known", "novel", SCORING_SPLIT):
+            assert torch.equal(trained_on.features[split], expected.features[split])
+            assert torch.equal(trained_on.labels[split], expected.labels[split])
+    assert set(scores) == {0.1, 1.0} and all(0.0 <= v <= 1.0 for v in scores.values())
+    assert gamma in (0.1 * KU, 1.0 * KU)  # rescaled to the real Ku, not the validation problem's Ku'
+
+
+def test_a_candidate_trains_as_many_steps_per_epoch_as_the_real_run():
+    cfg = tiny_config()
+    trial = rehearsal.rehearsal_config(cfg, 3.0, scale=0.25)
+    assert (trial.labeler.gamma, trial.data.batch_size, trial.labeler.buffer_size) == (3.0, 8, 64)
+    assert (cfg.data.batch_size, cfg.labeler.buffer_size) == (32, 256)  # the run's own config is left alone
+    tiny = rehearsal.rehearsal_config(cfg, 3.0, scale=0.001)
+    assert tiny.data.batch_size == 1 and tiny.labeler.buffer_size == 1
+
+
+def test_the_winner_is_the_best_scored_candidate_and_ties_go_to_half_a_cluster(monkeypatch):
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, _: trial_cfg.labeler.gamma)
+    by_gamma = {}
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda gamma, _: by_gamma[gamma])
+    _, info = validation_splits(splits, ValidationConfig(seed=cfg.run.seed))
+    by_gamma.update({0.05 * info.num_novel: 0.2, 0.5 * info.num_novel: 0.6, 1.5 * info.num_novel: 0.6})
+    gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(0.05, 0.5, 1.5))
+    assert scores == {0.05: 0.2, 0.5: 0.6, 1.5: 0.6} and gamma == pytest.approx(0.5 * KU)

@@ -1,0 +1,91 @@
+"""ncdlr.service.tune without a Ray cluster: search space, γ transfer, trial configs, stored settings, storage."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from ncdlr.service.config import Config, ConfigError
+from ncdlr.service.tune import (
+    UNIFORM,
+    ExperimentStorage,
+    SearchSpace,
+    TrialSettings,
+    apply_trial_params,
+    new_trial_settings,
+    trial_gamma,
+)
+
+
+def test_search_space_contains_the_uniform_candidate():
+    params, points = SearchSpace().tune_space()
+    assert {"gamma": UNIFORM, "alpha": 1.0} in points
+    assert params["gamma"].lower == 50.0 and params["gamma"].upper == 5000.0
+    assert params["alpha"].lower == 0.25 and params["alpha"].upper == 4.0
+    _, without = SearchSpace(include_uniform=False).tune_space()
+    assert without == []
+
+
+def test_gamma_is_log_uniform_over_the_configured_range():
+    params, _ = SearchSpace(gamma_min=1.0, gamma_max=100.0).tune_space()
+    draws = [params["gamma"].sample() for _ in range(400)]
+    assert 1.0 <= min(draws) and max(draws) <= 100.0
+    assert 0.3 < sum(d < 10.0 for d in draws) / len(draws) < 0.7  # log-uniform: half the mass below √(1·100)
+
+
+@pytest.mark.parametrize("space,flag", [(SearchSpace(gamma_min=100.0, gamma_max=10.0), "--gamma-min"),
+                                        (SearchSpace(alpha_min=0.0), "--alpha-min")])
+def test_a_bad_range_is_refused_naming_the_flag(space, flag):
+    with pytest.raises(ConfigError, match=flag):
+        space.tune_space()
+
+
+def test_trial_gamma_keeps_gamma_per_novel_cluster():
+    assert trial_gamma(500.0, 4, 20, transfer=True) == pytest.approx(100.0)
+    assert trial_gamma(500.0, 4, 20, transfer=False) == 500.0
+    assert math.isinf(trial_gamma(UNIFORM, 4, 20, transfer=True))
+
+
+def test_infinite_gamma_is_the_uniform_prior_and_the_base_is_left_alone():
+    base = Config()
+    uniform = apply_trial_params(base, UNIFORM, 1.0)
+    assert uniform.labeler.prior == "uniform" and math.isfinite(uniform.labeler.gamma)
+    finite = apply_trial_params(base, 12.5, 0.5)
+    assert (finite.labeler.prior, finite.labeler.gamma, finite.optim.alpha) == ("adaptive", 12.5, 0.5)
+    assert base.to_dict() == Config().to_dict()
+
+
+def _settings(tmp_path: Path) -> TrialSettings:
+    cfg = Config()
+    cfg.data.features, cfg.optim.epochs = str(tmp_path / "validation.parquet"), 3
+    storage = ExperimentStorage.open(str(tmp_path / "ray"), "tiny")
+    return new_trial_settings(cfg, storage, target_num_novel=20, val_num_novel=4, gamma_transfer=True, workers=2,
+                              cpus_per_trial=1.0, gpus_per_trial=0.0)
+
+
+def test_a_trial_trains_the_transferred_gamma_on_its_share_of_the_resources(tmp_path):
+    settings = _settings(tmp_path)
+    cfg = settings.trial_config(500.0, 2.0, tmp_path / "trial")
+    assert cfg.labeler.gamma == pytest.approx(100.0) and cfg.optim.alpha == 2.0
+    assert (cfg.run.num_workers, cfg.run.cpus_per_worker, cfg.run.use_gpu) == (2, 0.5, "false")
+    assert cfg.run.evaluate is False and cfg.run.output == str(tmp_path / "trial")
+    assert settings.cfg.labeler.gamma == Config().labeler.gamma  # the shared base is not changed
+
+
+def test_trial_settings_survive_a_restart_as_json(tmp_path):
+    settings = _settings(tmp_path)
+    again = TrialSettings.from_json(settings.to_json())
+    assert again.cfg.to_dict() == settings.cfg.to_dict()
+    assert {**vars(again), "cfg": None} == {**vars(settings), "cfg": None}
+    assert settings.train_storage == str(tmp_path / "ray" / "tiny" / "train")
+
+
+def test_local_experiment_storage_writes_reads_and_names_its_files(tmp_path):
+    storage = ExperimentStorage.open(str(tmp_path / "ray"), "tiny")
+    assert storage.uri == str(tmp_path / "ray" / "tiny") and storage.ray_filesystem is None
+    assert not storage.exists("search_settings.json") and not storage.can_restore()
+    storage.write_text("search_settings.json", "{}")
+    assert storage.exists("search_settings.json") and storage.read_text("search_settings.json") == "{}"
+    assert storage.child("validation.parquet") == str(tmp_path / "ray" / "tiny" / "validation.parquet")
