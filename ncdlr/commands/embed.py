@@ -33,12 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ncdlr.service.embed import embed_dataset
-    from ncdlr.service.entry import init_ray
+    from ncdlr.service.entry import init_ray, run_main
 
-    init_ray(cpus_needed=args.actors * args.threads + 1)
-    stats = embed_dataset(args.data, args.out, encoder=args.encoder, pretrained=args.pretrained,
-                          image_size=args.image_size, batch_size=args.batch_size, num_actors=args.actors,
-                          threads_per_actor=args.threads, splits=tuple(s for s in args.splits.split(",") if s))
-    print(json.dumps(stats))
-    print(args.out)
-    return 0
+    def main() -> int:
+        init_ray(cpus_needed=args.actors * args.threads + 1)
+        stats = embed_dataset(args.data, args.out, encoder=args.encoder, pretrained=args.pretrained,
+                              image_size=args.image_size, batch_size=args.batch_size, num_actors=args.actors,
+                              threads_per_actor=args.threads, splits=tuple(s for s in args.splits.split(",") if s))
+        print(json.dumps(stats))
+        print(args.out)
+        return 0
+
+    return run_main("ncdlr embed", main)

@@ -35,13 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ncdlr.service.entry import run_main
     from ncdlr.service.evaluate import evaluate_run
     from ncdlr.service.report import render_summary
 
-    try:
-        evaluate_run(args.run, args.checkpoint, args.split, posthoc=args.posthoc)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"ncdlr evaluate: {err}", file=sys.stderr)
-        return 1
-    print(render_summary(args.run))
-    return 0
+    def main() -> int:
+        try:
+            evaluate_run(args.run, args.checkpoint, args.split, posthoc=args.posthoc)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"ncdlr evaluate: {err}", file=sys.stderr)
+            return 1
+        print(render_summary(args.run))
+        return 0
+
+    return run_main("ncdlr evaluate", main)

@@ -138,6 +138,14 @@ class EpochLog:
         else:  # Ray Train V2 patches print in workers (a wrapped stdout printed every line twice): the raw stdout
             print(text, file=sys.__stdout__, flush=True)
 
+    def start(self, state, world: int) -> None:
+        """Once, before the first epoch: where the run trains and how long an epoch is."""
+        if self.active:
+            what = "resuming after" if state.epoch else "starting at"
+            self.say("line", f"[ncdlr] {world} worker(s) on {state.device.type}, {self.steps_per_epoch or '?'} steps per "
+                             f"epoch, {what} epoch {state.epoch}/{self.cfg.optim.epochs}; method "
+                             f"{self.cfg.method.name}, {state.model.num_novel} novel clusters")
+
     def step(self, state, stats: dict[str, float]) -> None:
         """After every training step (``run_epoch``'s ``on_step``)."""
         if not self.active:

@@ -18,7 +18,7 @@ import torch
 
 from ncdlr.buffer import LocalBuffer
 from ncdlr.data.features import FeatureSplits
-from ncdlr.methods import Method, build_method, logit_adjustment, pseudo_label_counts, retrain_classifier
+from ncdlr.methods import Method, build_method, posthoc_scores
 from ncdlr.metrics import cluster_accuracy
 
 from .config import Config
@@ -85,29 +85,18 @@ def embed(model, x: torch.Tensor, batch: int = 4096) -> torch.Tensor:
 
 def evaluate(run: TrainedRun, splits, split: str = "test", posthoc: tuple[str, ...] = ("none", "la", "crt"),
              temperature: float = 0.1, crt_epochs: int = 10, seed: int = 0) -> dict[str, dict[str, float]]:
-    """``{posthoc: cluster_accuracy(...)}`` on ``split`` for the plain model, +LA and +cRT.
-
-    +LA and +cRT use pseudo-labels of the novel training rows: the argmax of the trained model over the
-    novel columns (known rows keep their labels).
-    """
+    """``{posthoc: cluster_accuracy(...)}`` on ``split`` for the plain model and each post-hoc fix
+    (:func:`ncdlr.methods.posthoc_scores`: +LA and +cRT use the model's argmax over the novel columns as the
+    novel training rows' pseudo-labels; known rows keep their labels)."""
     model, ks = run.model, splits.num_known
-    counts = splits.train_counts()
-    y_true = splits.labels[split].numpy()
     z_test = embed(model, splits.features[split])
     logits = run.method.predict_logits(model, z_test)
+    z_known, z_novel = embed(model, splits.features["known"]), embed(model, splits.features["novel"])
+    novel_logits = run.method.predict_logits(model, z_novel)[:, ks:]
     out: dict[str, dict[str, float]] = {}
-    if "none" in posthoc:
-        out["none"] = cluster_accuracy(y_true, logits.argmax(1).numpy(), ks, train_counts=counts)
-    if {"la", "crt"} & set(posthoc):
-        z_known, z_novel = embed(model, splits.features["known"]), embed(model, splits.features["novel"])
-        novel_logits = run.method.predict_logits(model, z_novel)[:, ks:]
-        pseudo = pseudo_label_counts(splits.labels["known"], novel_logits, ks)
-        if "la" in posthoc:
-            adjusted = logit_adjustment(logits, pseudo, temperature)
-            out["la"] = cluster_accuracy(y_true, adjusted.argmax(1).numpy(), ks, train_counts=counts)
-        if "crt" in posthoc:
-            labels = torch.cat([splits.labels["known"], ks + novel_logits.argmax(1)])
-            weights = retrain_classifier(torch.cat([z_known, z_novel]), labels, model.class_prototypes().detach(),
-                                         epochs=crt_epochs, temperature=temperature, seed=seed)
-            out["crt"] = cluster_accuracy(y_true, (z_test @ weights).argmax(1).numpy(), ks, train_counts=counts)
+    for kind in posthoc:
+        scores = posthoc_scores(kind, z_test, logits, z_known, splits.labels["known"], z_novel, novel_logits,
+                                model.class_prototypes(), temperature=temperature, crt_epochs=crt_epochs, seed=seed)
+        out[kind] = cluster_accuracy(splits.labels[split].numpy(), scores.argmax(1).numpy(), ks,
+                                     train_counts=splits.train_counts())
     return out

@@ -116,8 +116,8 @@ def fit(cfg: Config) -> dict:
     start = time.perf_counter()
     output = Path(cfg.run.output).resolve()
     cfg.run.output = str(output)
+    data = load_training_data(cfg.data)  # checked before anything is written
     output.mkdir(parents=True, exist_ok=True)
-    data = load_training_data(cfg.data)
     if data.features is not None:
         cfg.model.feature_dim = data.summary.feature_dim
     save_config(cfg, output / "config.yaml")

@@ -222,6 +222,7 @@ def train_worker(config: dict) -> None:
     client = connect(state, cfg, actor, buffer_state, rank, world)
     batches = epoch_batches(cfg, features, rank, world, device)
     log = EpochLog(cfg, rank, steps, board=config.get("console"))
+    log.start(state, world)
 
     # ---- training ---------------------------------------------------------------------------------------------
     try:

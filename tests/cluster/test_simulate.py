@@ -136,7 +136,7 @@ def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_
     assert result.status == "SUCCEEDED", result.logs[-5000:]
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
-    assert "world_size=2" in result.logs  # one DDP group of 2 workers
+    assert "[ncdlr] 2 worker(s) on cpu" in result.logs  # one DDP group of 2 workers, in our own console line
     assert Path((output / "checkpoint.txt").read_text().strip()).is_dir()
     assert cluster.leftover_processes() == []
 

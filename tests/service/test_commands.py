@@ -19,3 +19,21 @@ def test_train_refuses_an_unknown_flag(capsys):
 def test_evaluate_names_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path)]) == 1
     assert "config.yaml" in capsys.readouterr().err
+
+
+def test_train_names_a_missing_feature_table_in_one_line(tmp_path, capsys):
+    """A user error (here: no such table) is one line and exit code 2, before Ray starts; no traceback."""
+    from ncdlr.cli import main
+
+    assert main(["train", "--features", str(tmp_path / "nope.parquet"), "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.parquet" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_naming_uno_with_fixed_prototypes_is_refused_before_anything_runs(tmp_path, capsys):
+    from ncdlr.cli import main
+
+    assert main(["train", "--method.name", "uno", "--prototypes", "etf", "--output", str(tmp_path / "run")]) == 2
+    assert "model.prototypes='learnable'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
