@@ -12,31 +12,14 @@ SGD in tensor ops, CUDA-graph replay), tested equal to it.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ncdlr import labeler_fast
+from ncdlr.method_settings import LabelerConfig
 from ncdlr.ot import ScaledKernel
 from ncdlr.priors import PriorKind, ScalarPrior, build_prior, rank_by_mass
-
-
-@dataclass
-class LabelerConfig:
-    """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
-
-    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" (ORACLE ablation: the true novel training counts) | "free" | "bounded" (τ ≤ max_imbalance) | "anchored" (KL to w(max_imbalance))
-    eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
-    n_iters: int = 3  #: T, Sinkhorn iterations per solve
-    outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
-    gamma: float = 500.0  #: γ, weight of KL(ν‖w)/Ku; tune per Ku (method.md §4 trap a)
-    lr: float = 0.1  #: SGD learning rate of t
-    momentum: float = 0.99  #: SGD momentum of t
-    init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
-    buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
-    use_buffer: bool = True  #: off → solve on the current gathered batch only
-    max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
 
 
 class AdaptiveSelfLabeler(nn.Module):

@@ -12,6 +12,7 @@ Build one by name with :func:`build_prior` (the registry :data:`PRIORS`).
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Literal
 
@@ -81,7 +82,7 @@ def rank_by_mass(log_mass: Tensor) -> Tensor:
     return rank
 
 
-class ClusterPrior(nn.Module):
+class ClusterPrior(nn.Module, abc.ABC):
     """The column marginal ``w [K]`` of the labeler's transport problem and its divergence term."""
 
     kind: str  # the name in :data:`PRIORS`
@@ -92,10 +93,10 @@ class ClusterPrior(nn.Module):
         super().__init__()
         self.num_clusters = num_clusters
 
+    @abc.abstractmethod
     def marginal(self, rank_of_cluster: Tensor) -> Tensor:
         """``[K]`` marginal in cluster order for ``rank_of_cluster [K]`` (:func:`rank_by_mass`); differentiable in
         the learned parameter."""
-        raise NotImplementedError
 
     def divergence(self, w: Tensor, ranked: Tensor | None = None) -> Tensor:
         """The regulariser of ``F``: ``KL(ν ‖ w)`` for the marginal ``w [K]`` (0 at ``w = ν``).
@@ -163,13 +164,13 @@ class ScalarPrior(ClusterPrior):
     learns = True
     t: nn.Parameter
 
+    @abc.abstractmethod
     def ranked(self) -> Tensor:
         """``[K]`` marginal in rank order (non-increasing), differentiable in ``t``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def log_tau(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(s, ds/dt)`` at the current ``t``, ``s = log τ``: detached scalars of ``dtype``."""
-        raise NotImplementedError
 
     def marginal(self, rank_of_cluster: Tensor) -> Tensor:
         return self.ranked()[rank_of_cluster]

@@ -9,7 +9,8 @@ import torch
 from ncdlr.data.longtail import long_tail_counts
 from ncdlr.metrics import cluster_accuracy
 from ncdlr import labeler_fast
-from ncdlr.labeler import AdaptiveSelfLabeler, LabelerConfig
+from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.method_settings import LabelerConfig
 from ncdlr.ot import ScaledKernel
 from ncdlr.priors import bounded_cluster_prior, cluster_prior, rank_by_mass
 from ncdlr.prototypes import simplex_etf

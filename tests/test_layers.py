@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ncdlr"
 
 METHOD_LAYER = ("ncdlr.prototypes", "ncdlr.ot", "ncdlr.priors", "ncdlr.labeler", "ncdlr.labeler_fast", "ncdlr.buffer",
+                "ncdlr.method_settings",
                 "ncdlr.losses", "ncdlr.metrics", "ncdlr.estimate_k", "ncdlr.methods")
 DATA_LAYER = ("ncdlr.data",)
 ENTRY_POINTS = ("ncdlr.commands", "ncdlr.cli", "ncdlr.train_inat2k")

@@ -38,7 +38,7 @@ from torch import nn
 
 from ncdlr.buffer import LocalBuffer
 from ncdlr.data.longtail import long_tail_counts
-from ncdlr.labeler import LabelerConfig
+from ncdlr.method_settings import LabelerConfig
 from ncdlr.methods import Method, MethodConfig, build_method
 from ncdlr.metrics import cluster_accuracy
 from ncdlr.prototypes import simplex_etf

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ncdlr.labeler import AdaptiveSelfLabeler, LabelerConfig
+from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.method_settings import LabelerConfig, MethodConfig
 
 from .autonovel import AutoNovel, ranking_pairs
-from .base import Method, MethodConfig, MethodConfigError, PrototypeModel, pad_novel
+from .base import Method, MethodConfigError, PrototypeModel, pad_novel
 from .crt import class_balanced_sampler, retrain_classifier
 from .discovery import Discovery, Gather, single_process
 from .ncdlr import NCDLR

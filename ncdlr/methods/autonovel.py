@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Method, MethodConfig, MethodConfigError
+from ncdlr.method_settings import MethodConfig
+
+from .base import Method, MethodConfigError
 
 
 def ranking_pairs(features: Tensor, topk: int) -> Tensor:

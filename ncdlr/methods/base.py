@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
@@ -29,22 +28,10 @@ from torch import Tensor
 
 from ncdlr.buffer import SharedBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.method_settings import MethodConfig
 from ncdlr.losses import prototype_cross_entropy, prototype_mse
 
 from .discovery import Gather, single_process
-
-
-@dataclass
-class MethodConfig:
-    """Which discovery method trains the model (``ncdlr.methods``; issue 6): the paper's or a baseline."""
-
-    name: str = "ncdlr"  #: "ncdlr" (ETF + MSE + adaptive self-labeling) | "uno" | "autonovel" (each sets the prototypes and buffer it needs)
-    loss: str = "auto"  #: "auto" (ncdlr: mse; uno/autonovel: ce) | "mse" | "ce" — the MSE-vs-CE ablation of ncdlr
-    temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
-    topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics
-    consistency: float = 0.0  #: autonovel: weight of the two-view MSE between novel probabilities (0 → off)
-    posthoc: str = "none"  #: evaluation only: "none" | "la" (logit adjustment by the pseudo-label prior) | "crt" (class-balanced classifier re-training) | "la+crt" (cRT, then LA on its logits)
-    crt_epochs: int = 10  #: epochs of the cRT classifier re-training (posthoc crt / la+crt)
 
 
 class PrototypeModel(Protocol):

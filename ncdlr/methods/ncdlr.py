@@ -7,8 +7,9 @@ from torch import Tensor
 
 from ncdlr.buffer import SharedBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.method_settings import MethodConfig
 
-from .base import Method, MethodConfig, PrototypeModel
+from .base import Method, PrototypeModel
 from .discovery import Discovery, Gather, single_process
 
 

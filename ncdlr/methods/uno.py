@@ -13,8 +13,9 @@ from torch import Tensor
 
 from ncdlr.buffer import SharedBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.method_settings import MethodConfig
 
-from .base import Method, MethodConfig, MethodConfigError, PrototypeModel
+from .base import Method, MethodConfigError, PrototypeModel
 from .discovery import Discovery, Gather, single_process
 
 

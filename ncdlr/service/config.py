@@ -7,8 +7,8 @@ One source of truth for every knob of a training run. A YAML file has one mappin
 are rejected with a :class:`ConfigError` that names the key. The resolved config is written to the
 run directory as ``config.yaml`` so a run can be re-created and evaluated later.
 
-Each layer owns its own section: ``labeler`` is :class:`ncdlr.labeler.LabelerConfig`, ``method`` is
-:class:`ncdlr.methods.MethodConfig`; the labeler and the method are built straight from them. A method's
+Each layer owns its own section: ``labeler`` and ``method`` are the method layer's
+(:mod:`ncdlr.method_settings`); the labeler and the method are built straight from them. A method's
 :attr:`~ncdlr.methods.Method.requires` (UNO: learnable prototypes, no buffer) are applied under the settings
 given explicitly (YAML or command line), and an explicit contradiction is refused (:func:`resolve`).
 """
@@ -24,9 +24,7 @@ from typing import Any
 
 import yaml
 
-from ncdlr.labeler import LabelerConfig
-from ncdlr.methods import METHODS, MethodConfig
-from ncdlr.priors import PRIORS
+from ncdlr.method_settings import LabelerConfig, MethodConfig
 
 
 class ConfigError(ValueError):
@@ -110,9 +108,7 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.head": ("auto", "identity", "expand", "linear", "mlp"),
-    "labeler.prior": tuple(PRIORS),
     "model.prototypes": ("etf", "learnable"),
-    "method.name": tuple(METHODS),
     "method.loss": ("auto", "mse", "ce"),
     "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
@@ -158,13 +154,25 @@ def _coerce(key: str, value: Any, kind: type, *, from_text: bool) -> Any:
     return value
 
 
+def _choices(key: str) -> tuple[str, ...] | None:
+    """The allowed values of ``key``; priors and methods come from their registries (imported only here, so that
+    ``--help`` and reading a config file do not import torch)."""
+    if key == "labeler.prior":
+        from ncdlr.priors import PRIORS
+
+        return tuple(PRIORS)
+    if key == "method.name":
+        return tuple(_methods())
+    return _CHOICES.get(key)
+
+
 def _check_choice(key: str, value: Any) -> None:
     if key == "model.num_novel":
         if value != "auto" and not (value.isdigit()):
             raise ConfigError(f"config key {key!r}: expected 'auto' or a non-negative integer "
                               f"(0 = from the data), got {value!r}")
         return
-    choices = _CHOICES.get(key)
+    choices = _choices(key)
     if choices is not None and value not in choices:
         raise ConfigError(f"config key {key!r}: {value!r} is not one of {', '.join(choices)}")
 
@@ -196,9 +204,15 @@ class Setting:
     from_text: bool = False
 
 
+def _methods() -> dict:
+    from ncdlr.methods import METHODS
+
+    return METHODS
+
+
 def _apply_method_requirements(cfg: Config, explicit: set[str]) -> None:
     """Set what ``cfg.method.name`` requires (``Method.requires``); refuse an explicit contradiction."""
-    for key, needed in METHODS[cfg.method.name].requires.items():
+    for key, needed in _methods()[cfg.method.name].requires.items():
         section, _, name = key.partition(".")
         current = getattr(getattr(cfg, section), name)
         if key in explicit and current != needed:

@@ -1,0 +1,42 @@
+"""The method layer's two config sections, ``labeler`` and ``method``: plain dataclasses, importable without torch.
+
+They are the method layer's own (the labeler and the methods are built straight from them:
+:meth:`ncdlr.labeler.AdaptiveSelfLabeler.from_config`, :func:`ncdlr.methods.build_method`); the service's
+:class:`~ncdlr.service.config.Config` composes them with its own sections. They sit in this module rather than
+beside the classes they configure so that reading a config (and ``ncdlr --help``, which lists every field from
+the ``#:`` comments) does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LabelerConfig:
+    """Adaptive self-labeling (method.md §4): ε, T, L, γ and the τ optimiser, plus the logit buffer."""
+
+    prior: str = "adaptive"  #: "adaptive" | "uniform" | "fixed" (ORACLE ablation: the true novel training counts) | "free" | "bounded" (τ ≤ max_imbalance) | "anchored" (KL to w(max_imbalance))
+    eps: float = 0.05  #: ε, entropic regularisation (0.01 for fine-grained sets)
+    n_iters: int = 3  #: T, Sinkhorn iterations per solve
+    outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
+    gamma: float = 500.0  #: γ, weight of KL(ν‖w)/Ku; tune per Ku (method.md §4 trap a)
+    lr: float = 0.1  #: SGD learning rate of t
+    momentum: float = 0.99  #: SGD momentum of t
+    init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
+    buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
+    use_buffer: bool = True  #: off → solve on the current gathered batch only
+    max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
+
+
+@dataclass
+class MethodConfig:
+    """Which discovery method trains the model (``ncdlr.methods``; issue 6): the paper's or a baseline."""
+
+    name: str = "ncdlr"  #: "ncdlr" (ETF + MSE + adaptive self-labeling) | "uno" | "autonovel" (each sets the prototypes and buffer it needs)
+    loss: str = "auto"  #: "auto" (ncdlr: mse; uno/autonovel: ce) | "mse" | "ce" — the MSE-vs-CE ablation of ncdlr
+    temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
+    topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics
+    consistency: float = 0.0  #: autonovel: weight of the two-view MSE between novel probabilities (0 → off)
+    posthoc: str = "none"  #: evaluation only: "none" | "la" (logit adjustment by the pseudo-label prior) | "crt" (class-balanced classifier re-training) | "la+crt" (cRT, then LA on its logits)
+    crt_epochs: int = 10  #: epochs of the cRT classifier re-training (posthoc crt / la+crt)
