@@ -60,13 +60,13 @@ from ray.data.datasource import Datasource, ReadTask
 
 from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import GROUPS, SPLITS
-from ncdlr.data.shards import SCHEMA, check_shard
+from ncdlr.data.shards import SCHEMA, check_shard, verify_with_stamp
 from ncdlr.data.storage import join, resolve
 from ncdlr.data.transforms import VIEW_DTYPES, EvalView, TrainViews, decode_pool, normalise_views, split_valid
 
 log = logging.getLogger(__name__)
 
-VERIFY_MODES = ("none", "size", "checksum")
+VERIFY_MODES = ("none", "size", "stamp", "checksum")
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,9 @@ class PipelineConfig:
     prefetch_batches: int = 2  # batches each worker prefetches per stream
     shuffle: bool = True  # training splits: new shard-piece order and row order within row groups every epoch
     object_store_limit_bytes: int | None = 512 * 1024**2  # Ray Data blocks in flight per dataset; None = Ray's default
-    verify: str = "size"  # shard check on load: "none" | "size" (size + row count) | "checksum" (SHA-256)
+    # Shard check on load (``load_splits``): "stamp" (SHA-256 once, then size + mtime against verified.json),
+    # "checksum" (SHA-256 every time), "size" (size + row count only), "none". docs/benchmarks.md has the costs.
+    verify: str = "stamp"
     augment_seed: int | None = None  # None: fresh entropy per batch; int: reproducible views (tests)
     # Training views cross the object store as "uint8" (normalised by the consumer, ``to_torch``: 4x fewer
     # bytes) or "float32" (normalised in the decode task). What the training loop receives is the same.
@@ -293,10 +295,11 @@ def _read_and_decode(read: Callable[[], Iterator[pa.Table]], decode: DecodeSpec,
 
 
 def _verify(uri: str, fs: pafs.FileSystem, base: str, manifest: Manifest, splits: Sequence[str], mode: str) -> None:
-    if mode == "none":
-        return
-    for shard in manifest.shards:
-        if shard.split in splits:
+    shards = [shard for shard in manifest.shards if shard.split in splits]
+    if mode == "stamp":
+        verify_with_stamp(uri, fs, base, shards)
+    elif mode != "none":
+        for shard in shards:
             check_shard(fs, join(base, shard.path), shard, join(uri, shard.path), checksum=mode == "checksum")
 
 
@@ -305,15 +308,18 @@ def _verify(uri: str, fs: pafs.FileSystem, base: str, manifest: Manifest, splits
 _SOURCE_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "size",
+def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "stamp",
                 shuffle_files: Iterable[str] | None = None, endpoint_url: str | None = None,
                 rows_per_block: int | None = 128, manifest: Manifest | None = None) -> dict[str, Any]:
     """One lazy ``ray.data.Dataset`` of raw rows (``image`` bytes, ``label``, ``split``, ``class_name``,
     ``source_id``) per requested split of the prepared dataset at ``uri``.
 
     Reads only the shards of those splits; nothing is materialised. ``verify`` checks the shards against
-    the manifest first: ``"size"`` (object size and parquet row count: one listing and one footer read per
-    shard), ``"checksum"`` (SHA-256 of every shard: reads them all once), ``"none"``. Raises the
+    the manifest first: ``"stamp"`` (SHA-256 of each shard the first time, recorded in ``verified.json``
+    next to the manifest; later only each shard's size and mtime against that stamp, one listing per shard:
+    ``ncdlr.data.shards.verify_with_stamp``), ``"checksum"`` (SHA-256 of every shard: reads them all once
+    more on every call), ``"size"`` (object size and parquet row count: one listing and one footer read per
+    shard), ``"none"``. Raises the
     ``StorageError``/``DatasetFormatError`` naming the bad URI or file, and ``ValueError`` for a split the
     dataset does not have. Splits in ``shuffle_files`` (default: the training splits ``known`` and ``novel``)
     read their shards in a new random order every epoch.

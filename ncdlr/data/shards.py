@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import time
 from collections import Counter
@@ -36,7 +37,7 @@ from ncdlr.data.manifest import (
     write_manifest,
 )
 from ncdlr.data.records import SPLITS, ClassInfo, ImageRecord
-from ncdlr.data.storage import join, resolve, with_retries
+from ncdlr.data.storage import join, resolve, with_retries, without_dir_markers
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ SCHEMA = pa.schema([
     pa.field("source_id", pa.string()),
 ])
 SHARD_DIR = "shards"
+STAMP_NAME = "verified.json"  # next to the manifest: the shards whose SHA-256 was checked (``verify_with_stamp``)
+STAMP_FORMAT = 1
+REPREPARE = "re-prepare the dataset (`ncdlr prepare ... --overwrite`)"
 DEFAULT_SHARD_BYTES = 128 * 1024**2
 ROW_GROUP_BYTES = 16 * 1024**2  # a row group is the unit a reader decompresses/holds at once
 
@@ -108,7 +112,9 @@ def _check_classes(classes: Sequence[ClassInfo], where: str) -> None:
 
 def _clear_previous(fs: pafs.FileSystem, base: str, uri: str, overwrite: bool) -> None:
     """Refuse to replace a finished dataset unless ``overwrite``; remove its manifest FIRST, then any shards
-    (so a crash from here on leaves a directory that no reader accepts)."""
+    and the verification stamp (so a crash from here on leaves a directory that no reader accepts). On S3 the
+    deletes write no directory markers (``without_dir_markers``: the rclone server refuses them)."""
+    fs = without_dir_markers(fs)
     info = fs.get_file_info(join(base, MANIFEST_NAME))
     if info.type != pafs.FileType.NotFound:
         if not overwrite:
@@ -117,6 +123,8 @@ def _clear_previous(fs: pafs.FileSystem, base: str, uri: str, overwrite: bool) -
     shard_dir = join(base, SHARD_DIR)
     if fs.get_file_info(shard_dir).type == pafs.FileType.Directory:
         with_retries(lambda: fs.delete_dir_contents(shard_dir, missing_dir_ok=True), join(uri, SHARD_DIR))
+    if fs.get_file_info(join(base, STAMP_NAME)).type == pafs.FileType.File:
+        with_retries(lambda: fs.delete_file(join(base, STAMP_NAME)), join(uri, STAMP_NAME))
 
 
 def write_dataset(
@@ -248,7 +256,8 @@ def check_shard(fs: pafs.FileSystem, path: str, shard: ShardInfo, where: str, *,
             raise DatasetFormatError(where, f"size {len(data)} bytes, manifest says {shard.bytes}")
         digest = hashlib.sha256(data).hexdigest()
         if digest != shard.sha256:
-            raise DatasetFormatError(where, f"sha256 {digest[:16]}… disagrees with the manifest's {shard.sha256[:16]}…")
+            raise DatasetFormatError(where, f"sha256 {digest[:16]}… disagrees with the manifest's "
+                                            f"{shard.sha256[:16]}…: the shard is corrupt; {REPREPARE}")
         source: object = pa.BufferReader(data)
     else:
         size = with_retries(lambda: fs.get_file_info(path), where).size
@@ -284,6 +293,70 @@ def verify_dataset(uri: str, *, checksum: bool = True, endpoint_url: str | None 
         check_shard(fs, join(base, shard.path), shard, where, checksum=checksum)
     log.info("%s: %d shard(s) verified in %.1fs", uri, len(manifest.shards), time.monotonic() - started)
     return manifest
+
+
+def verify_with_stamp(uri: str, fs: pafs.FileSystem, base: str, shards: Sequence[ShardInfo]) -> list[ShardInfo]:
+    """Check ``shards`` of the dataset at ``uri`` (``base`` inside ``fs``): SHA-256 once, then only the stamp.
+
+    The stamp, ``<dataset>/verified.json``, records per shard path the size, modification time and SHA-256 of
+    the bytes that were hashed. A shard whose listing (one ``get_file_info`` for all shards: a stat or an S3
+    HEAD each) shows the stamped size and mtime, and whose stamped SHA-256 is the manifest's, is accepted
+    without being read; any other is read and hashed in full (``check_shard``), and the stamp is rewritten
+    with it. Rewriting a shard, locally or on S3 (objects are immutable), gives it a new mtime, so a changed
+    shard is hashed again; a bit flipped on disk behind the filesystem's back is caught only by
+    ``verify="checksum"``. A stamp that cannot be written (read-only bucket) is logged, and every run then
+    hashes (as it does for a store that reports no mtime). Returns the shards hashed this time; raises
+    ``DatasetFormatError`` naming the first bad shard and saying the dataset must be re-prepared.
+    """
+    started = time.monotonic()
+    stamp_path = join(base, STAMP_NAME)
+    stamped = _read_stamp(fs, stamp_path)
+    infos = with_retries(lambda: fs.get_file_info([join(base, s.path) for s in shards]), uri)
+    hashed = []
+    for shard, info in zip(shards, infos):
+        where = join(uri, shard.path)
+        if info.type == pafs.FileType.NotFound:
+            raise DatasetFormatError(where, f"shard listed in the manifest is missing; {REPREPARE}")
+        if info.size != shard.bytes:
+            raise DatasetFormatError(where, f"size {info.size} bytes, manifest says {shard.bytes}; {REPREPARE}")
+        entry = {"bytes": shard.bytes, "mtime_ns": info.mtime_ns, "sha256": shard.sha256}
+        if info.mtime_ns is not None and stamped.get(shard.path) == entry:
+            continue
+        check_shard(fs, join(base, shard.path), shard, where, checksum=True)
+        stamped[shard.path] = entry
+        hashed.append(shard)
+    if hashed:
+        _write_stamp(fs, stamp_path, stamped, join(uri, STAMP_NAME))
+        log.info("%s: SHA-256 of %d shard(s) checked in %.1fs and stamped", uri, len(hashed),
+                 time.monotonic() - started)
+    return hashed
+
+
+def _read_stamp(fs: pafs.FileSystem, path: str) -> dict[str, dict]:
+    """The stamp's entries by shard path; ``{}`` when there is none or it is unreadable (everything is hashed)."""
+    try:
+        with fs.open_input_stream(path) as stream:
+            data = json.loads(stream.read())
+        if data.get("format") == STAMP_FORMAT and isinstance(data.get("shards"), dict):
+            return dict(data["shards"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def _write_stamp(fs: pafs.FileSystem, path: str, entries: dict[str, dict], where: str) -> None:
+    body = {"format": STAMP_FORMAT, "note": "shards whose SHA-256 matched the manifest at this size and mtime",
+            "shards": dict(sorted(entries.items()))}
+    try:
+        with_retries(lambda: _put(fs, path, json.dumps(body, indent=1).encode()), where)
+    except Exception as exc:  # noqa: BLE001 - the check itself passed; only the next run's shortcut is lost
+        log.warning("%s: could not write the verification stamp (%s); the next run hashes the shards again",
+                    where, exc)
+
+
+def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as out:
+        out.write(data)
 
 
 def shard_paths(uri: str, manifest: Manifest, splits: Iterable[str] | None = None,

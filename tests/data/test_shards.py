@@ -10,7 +10,10 @@ import pytest
 
 from ncdlr.data.manifest import FORMAT_VERSION, DatasetFormatError, read_manifest
 from ncdlr.data.records import ClassInfo, ImageRecord
-from ncdlr.data.shards import SCHEMA, encode_shard, verify_dataset, write_dataset
+from ncdlr.data import shards as shards_module
+from ncdlr.data.shards import (SCHEMA, STAMP_NAME, encode_shard, verify_dataset, verify_with_stamp,
+                               write_dataset)
+from ncdlr.data.storage import resolve
 from ncdlr.data.storage import ObjectNotFoundError
 from tests.fixtures.tiny_images import make_tiny_dataset
 
@@ -167,3 +170,93 @@ def test_rows_of_a_class_sorted_source_are_permuted_within_shards_reproducibly(t
     known = next(s for s in first.shards if s.split == "known")
     labels = pq.read_table(tmp_path / "a" / known.path, columns=["label"]).column("label").to_pylist()
     assert sorted(labels) == [0] * 12 + [1] * 6 and labels != sorted(labels)
+
+
+def _flip_one_byte(data: bytes) -> bytes:
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF  # inside the image bytes: same size, still a readable parquet file
+    return bytes(flipped)
+
+
+def _stamp_check(uri: str, manifest) -> list:
+    fs, base = resolve(uri)
+    return verify_with_stamp(uri, fs, base, manifest.shards)
+
+
+def _counting_hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    hashed: list[str] = []
+    check = shards_module.check_shard
+
+    def counting(fs, path, shard, where, *, checksum):
+        hashed.append(shard.path)
+        return check(fs, path, shard, where, checksum=checksum)
+
+    monkeypatch.setattr(shards_module, "check_shard", counting)
+    return hashed
+
+
+def test_a_flipped_byte_is_refused_naming_the_shard_and_nothing_is_stamped(tmp_path: Path,
+                                                                           tiny_dataset: Parts) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *tiny_dataset, target_shard_bytes=8 * 1024, progress=False)
+    victim = tmp_path / "ds" / manifest.shards[1].path
+    victim.write_bytes(_flip_one_byte(victim.read_bytes()))
+    with pytest.raises(DatasetFormatError, match=rf"{manifest.shards[1].path}: sha256 .* re-prepare the dataset"):
+        _stamp_check(str(tmp_path / "ds"), manifest)
+    assert not (tmp_path / "ds" / STAMP_NAME).exists()
+
+
+def test_shards_are_hashed_once_then_only_their_stamp_is_checked(tmp_path: Path, tiny_dataset: Parts,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest = write_dataset(str(tmp_path / "ds"), *tiny_dataset, target_shard_bytes=8 * 1024, progress=False)
+    hashed = _counting_hashes(monkeypatch)
+    assert _stamp_check(str(tmp_path / "ds"), manifest) == list(manifest.shards)
+    stamp = json.loads((tmp_path / "ds" / STAMP_NAME).read_text())["shards"]
+    assert {path: entry["sha256"] for path, entry in stamp.items()} == {s.path: s.sha256 for s in manifest.shards}
+    assert _stamp_check(str(tmp_path / "ds"), manifest) == []
+    assert hashed == [s.path for s in manifest.shards], "the second check reads no shard"
+
+
+def test_a_shard_rewritten_after_stamping_is_hashed_again_and_refused(tmp_path: Path, tiny_dataset: Parts) -> None:
+    import os
+
+    manifest = write_dataset(str(tmp_path / "ds"), *tiny_dataset, target_shard_bytes=8 * 1024, progress=False)
+    _stamp_check(str(tmp_path / "ds"), manifest)
+    victim = tmp_path / "ds" / manifest.shards[0].path
+    before = victim.stat()
+    victim.write_bytes(_flip_one_byte(victim.read_bytes()))
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns + 1))  # a rewrite the same nanosecond is not one
+    with pytest.raises(DatasetFormatError, match=rf"{manifest.shards[0].path}: sha256"):
+        _stamp_check(str(tmp_path / "ds"), manifest)
+
+
+@pytest.mark.slow
+def test_the_stamp_works_on_s3_and_catches_an_object_rewritten_with_a_flipped_byte(
+        s3_bucket: str, tiny_dataset: Parts, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from ncdlr.data.storage import boto3_client
+
+    uri = f"{s3_bucket}/tiny"
+    manifest = write_dataset(uri, *tiny_dataset, target_shard_bytes=16 * 1024, progress=False)
+    hashed = _counting_hashes(monkeypatch)
+    assert _stamp_check(uri, manifest) == list(manifest.shards)
+    assert _stamp_check(uri, manifest) == [] and len(hashed) == len(manifest.shards)
+    client, bucket = boto3_client(), s3_bucket.removeprefix("s3://")
+    key = f"tiny/{manifest.shards[0].path}"
+    data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    time.sleep(1.1)  # S3's LastModified has 1 s resolution
+    client.put_object(Bucket=bucket, Key=key, Body=_flip_one_byte(data))
+    with pytest.raises(DatasetFormatError, match=rf"{uri}/{manifest.shards[0].path}: sha256"):
+        _stamp_check(uri, manifest)
+
+
+@pytest.mark.slow
+def test_overwriting_a_stamped_dataset_on_s3_works_and_drops_the_stamp(s3_bucket: str, s3_server,
+                                                                       tiny_dataset: Parts) -> None:
+    """Deleting the old manifest and shards must write no directory marker (the rclone server refuses it)."""
+    uri = f"{s3_bucket}/tiny"
+    manifest = write_dataset(uri, *tiny_dataset, target_shard_bytes=16 * 1024, progress=False)
+    _stamp_check(uri, manifest)
+    again = write_dataset(uri, *tiny_dataset, target_shard_bytes=16 * 1024, progress=False, overwrite=True)
+    assert verify_dataset(uri) == again
+    assert not (s3_server.root_dir / s3_bucket.removeprefix("s3://") / "tiny" / STAMP_NAME).exists()

@@ -111,6 +111,21 @@ def test_server_stops_and_frees_its_port(tmp_path: Path) -> None:
     assert process.poll() is not None and not server.running
 
 
+def test_server_secret_is_not_on_rclones_command_line_and_still_authenticates(tmp_path: Path) -> None:
+    with S3Server(tmp_path) as server:
+        assert server._process is not None
+        cmdline = Path(f"/proc/{server._process.pid}/cmdline").read_bytes().decode()
+        assert server.secret_key not in cmdline and "--auth-key" not in cmdline
+        bucket = server.make_bucket("secrets")  # a client with the credentials works
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in server.env().items():
+                mp.setenv(key, value)
+            resolve(f"{bucket}/ds")
+            mp.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key[::-1])
+            with pytest.raises(AccessDeniedError, match=f"{bucket}/ds"):
+                resolve(f"{bucket}/ds")
+
+
 @pytest.mark.slow
 def test_storage_serve_command_prints_a_working_env_and_stops_on_sigterm(tmp_path: Path) -> None:
     import signal
