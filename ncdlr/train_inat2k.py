@@ -15,6 +15,8 @@ With ``--data`` the run is configured by ``configs/inat18_2k.yaml`` (DINO ViT-B/
 frozen expansion to 2000-d, 50 epochs; ``--pretrained s3://.../dino_vitbase16_pretrain.pth``), connecting to
 the cluster the job is submitted to. Without it, ``configs/demo.yaml`` is used. Every config field can be
 overridden (``--gamma 10``, ``--epochs 5``, ...); ``--output DIR`` is the run directory, printed at the end.
+A run directory that holds a run already is refused unless ``--overwrite``; the embedded default replaces its
+own default directory (``runs/demo`` of configs/demo.yaml, no ``--output`` given), so ``make demo`` reruns.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="embedded default only: training images of each half's head class (tail = n_max/10)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show Ray's own output (worker logs, reports, checkpoints) and full tracebacks")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a run already in the run directory (else one with config.yaml or metrics.json "
+                             "is refused); the embedded default always replaces its own default runs/demo")
     add_override_arguments(parser)
     return parser
 
@@ -58,8 +63,16 @@ def build_config(args: argparse.Namespace, data_uri: str = ""):
         settings.append(Setting("run.output", args.output))
     if args.verbose:
         settings.append(Setting("run.verbose", True))
+    if args.overwrite or _demo_directory(args):
+        settings.append(Setting("run.overwrite", True))
     default = CONFIGS / ("inat18_2k.yaml" if args.data else "demo.yaml")
     return config_from_args(args, default_file=default, settings=settings)
+
+
+def _demo_directory(args: argparse.Namespace) -> bool:
+    """True when the embedded default writes to its own default run directory (configs/demo.yaml's
+    ``runs/demo``: no ``--data``, ``--config``, ``--output`` or ``--run.output``), which each demo run replaces."""
+    return not (args.data or args.config or args.output or vars(args).get("override:run.output"))
 
 
 def run_embedded(args: argparse.Namespace) -> dict:

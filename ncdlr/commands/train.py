@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="DIR", default=None, help="run directory (metrics.json at its top)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show Ray's own output (worker logs, reports, checkpoints) and full tracebacks")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a run already in the run directory (else one with config.yaml or "
+                             "metrics.json is refused)")
     add_override_arguments(parser)
 
 
@@ -55,6 +58,8 @@ def build_config(args: argparse.Namespace):
         settings.append(Setting("run.output", args.output))
     if args.verbose:
         settings.append(Setting("run.verbose", True))
+    if args.overwrite:
+        settings.append(Setting("run.overwrite", True))
     return config_from_args(args, settings=settings)
 
 

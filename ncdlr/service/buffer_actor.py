@@ -21,6 +21,13 @@ Exchange per training step ``s`` (see :class:`BufferClient`):
    push is harmless.
 3. Ranks load the history from the actor only at start and after a restore/worker restart
    (:meth:`BufferClient.start`); :meth:`BufferClient.flush` waits for the last push (before a checkpoint).
+
+A dead actor is survived: Ray restarts it (``max_restarts=-1``) under the same name, empty and marked lost,
+and a lost actor refuses every push and snapshot (:class:`BufferLostError`) until it is restored. So rank 0's
+next hand-off or flush fails (a push in flight when the actor died fails with Ray's ``ActorDiedError``), the
+worker group fails, Ray Train restarts it from the last checkpoint (``run.max_failures`` ≥ 1), and rank 0
+restores the actor from that checkpoint's buffer (:func:`ncdlr.service.worker.connect`) — nothing waits on
+a step the restarted actor will never reach.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ import torch
 from ncdlr.buffer import LogitBuffer
 
 
+class BufferLostError(RuntimeError):
+    """The buffer actor was restarted after it died: its contents are gone until a checkpoint restores them."""
+
+
 @ray.remote(num_cpus=0)
 class BufferActor:
     """Global FIFO of novel logits ``[J, Ku]`` (float32). ``step`` = index of the last applied push."""
@@ -46,10 +57,17 @@ class BufferActor:
         self._buffer = LogitBuffer(capacity, num_clusters)
         self._step = -1
         self._changed = asyncio.Condition()
+        self._lost = ray.get_runtime_context().was_current_actor_reconstructed  # restarted by Ray: empty
+
+    def _refuse_if_lost(self) -> None:
+        if self._lost:
+            raise BufferLostError("the buffer actor was restarted and lost its contents; restore it from the last "
+                                  "checkpoint (a worker-group restart does)")
 
     async def push(self, step: int, rows: np.ndarray | list[np.ndarray]) -> int:
         """Append ``rows [n, Ku]`` as training step ``step``, or a list of ``m`` such arrays as steps
         ``step - m + 1 .. step`` (oldest first), one push per step; steps ≤ the last applied one are ignored."""
+        self._refuse_if_lost()
         parts = rows if isinstance(rows, list) else [rows]
         async with self._changed:
             for part_step, part in enumerate(parts, start=step - len(parts) + 1):
@@ -61,6 +79,7 @@ class BufferActor:
 
     async def snapshot(self, after_step: int) -> tuple[int, dict]:
         """``(step, LogitBuffer.state_dict())`` once push ``after_step`` has been applied."""
+        self._refuse_if_lost()
         async with self._changed:
             await self._changed.wait_for(lambda: self._step >= after_step)
             return self._step, self._buffer.state_dict()
@@ -72,6 +91,7 @@ class BufferActor:
             if state is not None:
                 self._buffer.load_state_dict(state)
             self._step = step
+            self._lost = False
             self._changed.notify_all()
             return self._step
 
@@ -80,9 +100,10 @@ class BufferActor:
 
 
 def get_or_create_buffer_actor(name: str, capacity: int, num_clusters: int, namespace: str = "ncdlr"):
-    """The named actor ``name`` (created if absent). Lives as long as the driver that created it."""
-    return BufferActor.options(name=name, namespace=namespace, get_if_exists=True,
-                               max_concurrency=64).remote(capacity, num_clusters)
+    """The named actor ``name`` (created if absent). Lives as long as the driver that created it; Ray restarts it
+    under the same name, empty and lost (see :class:`BufferLostError`), whenever it dies."""
+    return BufferActor.options(name=name, namespace=namespace, get_if_exists=True, max_concurrency=64,
+                               max_restarts=-1).remote(capacity, num_clusters)
 
 
 @dataclass
@@ -186,9 +207,10 @@ class BufferClient:
             ray.get(self._in_flight)
             self._in_flight = None
 
-    def close(self) -> None:
-        """Flush and stop the sender thread."""
-        self.flush()
+    def close(self, flush: bool = True) -> None:
+        """Flush (unless ``flush=False``: after a failure the actor may be gone) and stop the sender thread."""
+        if flush:
+            self.flush()
         if self._sender is not None:
             self._sender.shutdown(wait=True)
             self._sender = None

@@ -91,6 +91,7 @@ class RunConfig:
     log_every: int = 20  #: steps between progress lines in the job log
     evaluate: bool = True  #: evaluate on the test split and write the report after training
     verbose: bool = False  #: also show Ray's own output (worker logs, report dicts, checkpoint lines) and full tracebacks
+    overwrite: bool = False  #: replace a run already in run.output (config.yaml or metrics.json there); else such a run directory is refused
 
 
 @dataclass
@@ -120,8 +121,13 @@ def _sections() -> dict[str, type]:
 
 
 def _coerce(key: str, value: Any, kind: type, *, from_text: bool) -> Any:
-    """Return ``value`` as ``kind`` or raise ConfigError naming ``key``."""
-    if from_text and isinstance(value, str):
+    """Return ``value`` as ``kind`` or raise ConfigError naming ``key``.
+
+    A number field also takes a string that parses as that number from YAML, not only from the command line:
+    PyYAML (YAML 1.1) reads ``lr: 1e-3`` as the string ``"1e-3"``, while ``--optim.lr 1e-3`` is text anyway.
+    A bool is never a number, and a non-numeric string is refused either way.
+    """
+    if isinstance(value, str) and (from_text or kind in (int, float)):
         text = value.strip()
         if kind is bool:
             lowered = text.lower()

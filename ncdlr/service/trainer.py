@@ -94,10 +94,48 @@ def run_torch_trainer(cfg: Config, data: TrainingData, train_fn, *, actor_name: 
         result = trainer.fit()
     finally:
         if actor is not None:
-            ray.kill(actor)
+            ray.kill(actor)  # no_restart: the actor's restarts (max_restarts) end with the run
     if result.error:
         raise result.error
     return result
+
+
+def _checkpoint_uri(cfg: Config, fs_path: str) -> str:
+    """A checkpoint's path on the run storage as the user names it (an s3 path has no scheme: restore it)."""
+    return "s3://" + fs_path.lstrip("/") if _storage_path(cfg).startswith("s3://") else str(Path(fs_path))
+
+
+def latest_checkpoint(cfg: Config, run_name: str) -> str:
+    """The newest complete checkpoint of Ray Train run ``run_name`` in the run storage, or ``""`` when none.
+
+    Ray Train V2 keeps ``<storage>/<run_name>/checkpoint_<time>`` directories and, once a checkpoint is
+    persisted, names it in ``checkpoint_manager_snapshot.json`` (``latest_checkpoint_result``); without that
+    file, the newest ``checkpoint_*`` directory holding a ``state.pt``.
+    """
+    import json
+
+    import pyarrow.fs as pafs
+
+    from ncdlr.data.storage import run_storage_filesystem
+
+    from .checkpoint import FILENAME
+
+    fs, root = run_storage_filesystem(_storage_path(cfg), cfg.data.endpoint_url or None)
+    run_dir = f"{root.rstrip('/')}/{run_name}"
+    try:
+        with fs.open_input_stream(f"{run_dir}/checkpoint_manager_snapshot.json") as stream:
+            latest = json.loads(stream.read()).get("latest_checkpoint_result")
+        if latest:
+            return _checkpoint_uri(cfg, f"{run_dir}/{latest['checkpoint_dir_name'].strip('/')}")
+    except (OSError, ValueError):  # no snapshot yet (or unreadable): look at the directories
+        pass
+    found = fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
+    names = sorted((info.base_name for info in found
+                    if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_")), reverse=True)
+    for name in names:  # checkpoint_<%Y-%m-%d_%H-%M-%S.%f>: newest first
+        if fs.get_file_info(f"{run_dir}/{name}/{FILENAME}").type == pafs.FileType.File:
+            return _checkpoint_uri(cfg, f"{run_dir}/{name}")
+    return ""
 
 
 def fit(cfg: Config) -> dict:
@@ -111,15 +149,16 @@ def fit(cfg: Config) -> dict:
     from .console import ConsoleRelay
     from .entry import init_ray
     from .num_novel import fixed_prior_counts, model_num_novel, resolve_num_novel
+    from .preflight import preflight
     from .worker import train_worker
 
     start = time.perf_counter()
-    output = Path(cfg.run.output).resolve()
-    cfg.run.output = str(output)
     data = load_training_data(cfg.data)  # checked before anything is written
-    output.mkdir(parents=True, exist_ok=True)
     if data.features is not None:
         cfg.model.feature_dim = data.summary.feature_dim
+    preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint checked
+    output = Path(cfg.run.output)
+    output.mkdir(parents=True, exist_ok=True)
     save_config(cfg, output / "config.yaml")
     init_ray(cpus_needed=cfg.run.num_workers * cfg.run.cpus_per_worker + 2, verbose=cfg.run.verbose)
     use_gpu = resolve_use_gpu(cfg.run.use_gpu)
@@ -127,25 +166,31 @@ def fit(cfg: Config) -> dict:
         save_config(cfg, output / "config.yaml")
     fixed_prior_counts(cfg, data.summary)  # refuse prior=fixed with a Ku other than the data's before Ray Train starts
     run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:8]}"
-    with ConsoleRelay(f"console-{run_id}", log_file=output / "train.log"):
-        result = run_torch_trainer(
-            cfg, data, train_worker,
-            actor_name=f"buffer-{run_id}",
-            num_novel=model_num_novel(cfg, data.summary),
-            extra_loop_config={"console": f"console-{run_id}"},
-            scaling_config=ScalingConfig(num_workers=cfg.run.num_workers, use_gpu=use_gpu,
-                                         resources_per_worker={"CPU": cfg.run.cpus_per_worker,
-                                                               **({"GPU": 1} if use_gpu else {})}),
-            run_config=RunConfig(name=f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}",
-                                 **_run_storage(cfg),
-                                 checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
-                                 failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
-            **_datasets(cfg, data),
-        )
-    checkpoint_path = ""
-    if result.checkpoint is not None:  # an s3 checkpoint's path has no scheme: restore it
-        checkpoint_path = ("s3://" + result.checkpoint.path.lstrip("/") if _storage_path(cfg).startswith("s3://")
-                           else str(Path(result.checkpoint.path)))
+    run_name = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    try:
+        with ConsoleRelay(f"console-{run_id}", log_file=output / "train.log"):
+            result = run_torch_trainer(
+                cfg, data, train_worker,
+                actor_name=f"buffer-{run_id}",
+                num_novel=model_num_novel(cfg, data.summary),
+                extra_loop_config={"console": f"console-{run_id}"},
+                scaling_config=ScalingConfig(num_workers=cfg.run.num_workers, use_gpu=use_gpu,
+                                             resources_per_worker={"CPU": cfg.run.cpus_per_worker,
+                                                                   **({"GPU": 1} if use_gpu else {})}),
+                run_config=RunConfig(name=run_name, **_run_storage(cfg),
+                                     checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
+                                     failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
+                **_datasets(cfg, data),
+            )
+    except BaseException:  # failed or interrupted (SIGINT): point checkpoint.txt at what the run saved, for --run.resume
+        try:
+            checkpoint_path = latest_checkpoint(cfg, run_name)
+        except Exception:  # storage unreachable: the run's own error is the one to show
+            checkpoint_path = ""
+        if checkpoint_path:
+            (output / "checkpoint.txt").write_text(checkpoint_path + "\n")
+        raise
+    checkpoint_path = _checkpoint_uri(cfg, result.checkpoint.path) if result.checkpoint is not None else ""
     out = {"output": str(output), "checkpoint": checkpoint_path, "metrics": dict(result.metrics or {}),
            "seconds": time.perf_counter() - start}
     (output / "checkpoint.txt").write_text(checkpoint_path + "\n")

@@ -63,7 +63,10 @@ def restore(state: WorkerState, cfg: Config, rank: int) -> dict | None:
 
 def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, rank: int, world: int):
     """Wire the method's distributed parts once: this rank's buffer replica (re-seeded from ``buffer_state``
-    through the shared actor), the ranks' ``all_gather`` and the rank. Returns the buffer client or None."""
+    through the shared actor), the ranks' ``all_gather`` and the rank. Returns the buffer client or None.
+
+    Rank 0 restores the actor on every (re)start, which also revives an actor Ray restarted empty after it
+    died (:class:`~ncdlr.service.buffer_actor.BufferLostError`): the run goes on from the checkpoint's buffer."""
     import ray
     import torch.distributed as dist
 
@@ -238,6 +241,6 @@ def train_worker(config: dict) -> None:
             log.epoch(state, metrics)
             checkpoint_and_report(state, cfg, metrics, rngs, client, actor, rank)
     finally:
-        if client is not None:
-            client.close()
+        if client is not None:  # every checkpoint flushed it; after a failure the buffer actor may be dead
+            client.close(flush=False)
         log.close()

@@ -1,4 +1,7 @@
-"""The shared buffer actor: idempotent pushes, snapshots that wait for a step, restore; rank replicas ≡ LogitBuffer ≡ actor."""
+"""The shared buffer actor: idempotent pushes, snapshots that wait for a step, restore; rank replicas ≡ LogitBuffer ≡ actor;
+a killed actor comes back empty and refuses work until restored."""
+
+import time
 
 import numpy as np
 import pytest
@@ -6,7 +9,7 @@ import ray
 import torch
 
 from ncdlr.buffer import LogitBuffer
-from ncdlr.service.buffer_actor import BufferClient, get_or_create_buffer_actor
+from ncdlr.service.buffer_actor import BufferClient, BufferLostError, get_or_create_buffer_actor
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -145,3 +148,55 @@ def test_batched_pushes_leave_the_actor_equal_to_the_replica(push_every):
 def test_push_every_must_be_positive():
     with pytest.raises(ValueError, match="push_every"):
         BufferClient(None, 4, 2, rank=0, push_every=0)
+
+
+def wait_until_restarted(actor, timeout_s: float = 60.0) -> None:
+    """``ray.kill`` is asynchronous: calls may still reach the dying process, or fail with ``ActorUnavailableError``
+    while Ray restarts it. Wait until the new, empty process (``step`` -1) answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(actor.ping.remote(), timeout=timeout_s) == -1:
+                return
+        except ray.exceptions.RayActorError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("the killed buffer actor was not restarted")
+
+
+def test_a_killed_actor_comes_back_under_its_name_lost_until_restored():
+    """Ray restarts the actor (max_restarts) empty: it refuses pushes and snapshots, so nobody trains on or
+    checkpoints a lost buffer, until ``restore`` (rank 0 after a worker-group restart) revives it."""
+    actor = get_or_create_buffer_actor("test-killed", capacity=4, num_clusters=2)
+    ray.get(actor.push.remote(0, np.ones((2, 2), np.float32)))
+    ray.kill(actor, no_restart=False)
+    revived = ray.get_actor("test-killed", namespace="ncdlr")
+    wait_until_restarted(revived)
+    with pytest.raises(BufferLostError, match="restarted"):
+        ray.get(revived.snapshot.remote(0), timeout=60)
+    with pytest.raises(BufferLostError):
+        ray.get(revived.push.remote(1, np.ones((2, 2), np.float32)), timeout=60)
+    saved = LogitBuffer(4, 2)
+    saved.push(torch.full((2, 2), 3.0))
+    assert ray.get(revived.restore.remote(0, saved.state_dict())) == 0
+    assert ray.get(revived.push.remote(1, np.ones((2, 2), np.float32))) == 1
+    ray.kill(revived)
+
+
+def test_a_client_whose_actor_died_fails_its_next_flush_instead_of_hanging():
+    """Rank 0's pushes to a dead actor surface as an error of the training step (then the worker group restarts)."""
+    actor = get_or_create_buffer_actor("test-client-killed", capacity=8, num_clusters=2)
+    client = BufferClient(actor, 8, 2, rank=0, push_every=2)
+    client.start(-1)
+    for step in range(3):
+        client.history_plus(step, torch.ones(2, 2))
+        client.commit(step, torch.ones(2, 2))
+    ray.kill(actor, no_restart=False)
+    with pytest.raises(Exception) as failure:  # ActorUnavailableError for a push in flight, else BufferLostError
+        for step in range(3, 9):
+            client.history_plus(step, torch.ones(2, 2))
+            client.commit(step, torch.ones(2, 2))
+        client.flush()
+    assert isinstance(failure.value, (ray.exceptions.RayActorError, BufferLostError))
+    client.close(flush=False)
+    ray.kill(actor)

@@ -1,4 +1,5 @@
-"""`ncdlr train` / `ncdlr evaluate` refuse bad input before any Ray work, naming what is wrong."""
+"""`ncdlr train` / `ncdlr evaluate` refuse bad input before any Ray work, naming what is wrong; the entry points'
+flags (`--overwrite`) reach the config."""
 
 import pytest
 
@@ -37,3 +38,31 @@ def test_naming_uno_with_fixed_prototypes_is_refused_before_anything_runs(tmp_pa
     assert main(["train", "--method.name", "uno", "--prototypes", "etf", "--output", str(tmp_path / "run")]) == 2
     assert "model.prototypes='learnable'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, overwrite", [([], False), (["--overwrite"], True), (["--run.overwrite", "true"], True)])
+def test_train_overwrite_flag_reaches_the_config(argv, overwrite):
+    from ncdlr.cli import build_parser
+    from ncdlr.commands.train import build_config
+
+    args = build_parser().parse_args(["train", "--features", "x.parquet", *argv])
+    assert build_config(args).run.overwrite is overwrite
+
+
+def test_train_inat2k_overwrite_flag_reaches_the_config():
+    from ncdlr import train_inat2k
+
+    parse = train_inat2k.build_parser().parse_args
+    assert train_inat2k.build_config(parse(["--data", "s3://b/x", "--overwrite"])).run.overwrite is True
+    assert train_inat2k.build_config(parse(["--data", "s3://b/x"])).run.overwrite is False
+
+
+@pytest.mark.parametrize("argv, overwrite", [([], True), (["--output", "runs/mine"], False),
+                                             (["--run.output", "runs/mine"], False)])
+def test_the_embedded_default_replaces_only_its_own_default_directory(argv, overwrite):
+    """`make demo` reruns into runs/demo; a directory the user names is protected as for any run."""
+    from ncdlr import train_inat2k
+
+    cfg = train_inat2k.build_config(train_inat2k.build_parser().parse_args(argv))
+    assert cfg.run.overwrite is overwrite
+    assert (cfg.run.output == "runs/demo") is (not argv)

@@ -25,8 +25,21 @@ def test_int_in_yaml_is_accepted_for_a_float_field(tmp_path):
     assert load_yaml(path).optim.lr == 1.0
 
 
+def test_yaml_numbers_that_pyyaml_reads_as_strings_are_accepted(tmp_path):
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; ``--optim.lr 1e-3`` is accepted, so the file's is too."""
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1e-3\n  min_lr: 5E-5\nlabeler:\n  gamma: 1e2\nrun:\n  num_workers: '3'\n")
+    cfg = load_yaml(path)
+    assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.min_lr == 5e-5 and cfg.labeler.gamma == 100.0
+    assert cfg.run.num_workers == 3
+
+
 @pytest.mark.parametrize("text, key", [
     ("labeler:\n  gama: 5\n", "labeler.gama"),
+    ("optim:\n  lr: true\n", "optim.lr"),  # a bool is not a number
+    ("optim:\n  lr: fast\n", "optim.lr"),
+    ("run:\n  num_workers: '2.5'\n", "run.num_workers"),
     ("labelr:\n  gamma: 5\n", "labelr"),
     ("run:\n  num_workers: two\n", "run.num_workers"),
     ("run:\n  num_workers: 2.5\n", "run.num_workers"),

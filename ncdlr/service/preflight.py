@@ -1,0 +1,150 @@
+"""Everything about a run that can be checked before Ray starts, checked in one place on the driver.
+
+:func:`preflight` runs in :func:`~ncdlr.service.trainer.fit` right after the data has been read (the feature
+table's schema, dtypes, NaN/inf and label ranges are :func:`~ncdlr.data.features.read_feature_table`'s) and
+before anything is written or Ray starts. Each refusal is one user error naming the key or file
+(:class:`~ncdlr.service.config.ConfigError`, :class:`~ncdlr.service.checkpoint.CheckpointError`), shown by the
+entry points as one line with exit code 2:
+
+1. local paths (``data.features``, ``data.uri``, ``run.resume``, ``run.storage_path``, ``run.output``,
+   ``model.pretrained``) become absolute in the config — the Ray Train workers run in another directory —
+   and an input path that does not exist is refused;
+2. the run directory: one that holds a run already (``config.yaml`` or ``metrics.json``) is refused unless
+   ``run.overwrite`` or ``run.resume``;
+3. the test split exists when ``run.evaluate`` is true;
+4. a number ``model.num_novel`` lies in ``[2, novel training rows]``;
+5. the ``run.resume`` checkpoint is readable and fits the model the workers will build (trainable parameter
+   names and shapes) and the labeler's ``Ku`` (the width of the buffer rows it saved).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .config import Config, ConfigError
+from .run_data import TrainingData
+
+log = logging.getLogger(__name__)
+
+#: ``section.key`` of the local paths a run reads (they must exist) and of those it writes.
+INPUT_PATHS = ("data.features", "data.uri", "run.resume", "model.pretrained")
+OUTPUT_PATHS = ("run.output", "run.storage_path")
+#: Files whose presence means a run directory holds a started or finished run.
+RUN_MARKERS = ("config.yaml", "metrics.json")
+
+
+def preflight(cfg: Config, data: TrainingData) -> None:
+    """Check ``cfg`` against ``data`` and the file system (paths made absolute in ``cfg`` in place).
+
+    Raises:
+        ConfigError: a missing input path, an occupied run directory, no test split to evaluate on, or
+            ``model.num_novel`` outside ``[2, novel rows]`` (the message names the key and the file).
+        CheckpointError: ``run.resume`` is unreadable or does not fit this run's model or labeler.
+    """
+    absolute_paths(cfg)
+    check_run_directory(cfg)
+    check_test_split(cfg, data)
+    check_num_novel(cfg, data)
+    check_resume(cfg, data)
+
+
+def _is_local(path: str) -> bool:
+    return bool(path) and "://" not in path
+
+
+def absolute_paths(cfg: Config) -> None:
+    """Make every local path of :data:`INPUT_PATHS` and :data:`OUTPUT_PATHS` absolute (relative to this
+    process's working directory); refuse an input path that does not exist."""
+    for key in INPUT_PATHS + OUTPUT_PATHS:
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name)
+        if not _is_local(value):
+            continue
+        path = Path(value).expanduser().resolve()
+        if key in INPUT_PATHS and not path.exists() and not (key == "data.uri" and cfg.data.features):
+            raise ConfigError(f"{key}: {value!r} does not exist (looked for {str(path)!r})")
+        setattr(getattr(cfg, section), name, str(path))
+
+
+def check_run_directory(cfg: Config) -> None:
+    """Refuse a ``run.output`` that holds a run already, unless ``run.overwrite`` or ``run.resume``."""
+    if not _is_local(cfg.run.output):
+        return
+    found = [name for name in RUN_MARKERS if (Path(cfg.run.output) / name).exists()]
+    if not found:
+        return
+    if cfg.run.overwrite or cfg.run.resume:
+        log.warning("run.output %s holds a run already (%s): %s it", cfg.run.output, ", ".join(found),
+                    "resuming into" if cfg.run.resume else "run.overwrite: replacing")
+        return
+    raise ConfigError(f"run.output {cfg.run.output!r} holds a run already ({', '.join(found)}); choose another "
+                      f"--output, pass --overwrite to replace it, or --run.resume CHECKPOINT to continue it")
+
+
+def check_test_split(cfg: Config, data: TrainingData) -> None:
+    """With ``run.evaluate``, the data must have a (non-empty) ``test`` split to evaluate on after training."""
+    if not cfg.run.evaluate:
+        return
+    if data.features is not None:
+        splits = data.features.features
+        if "test" in splits and len(splits["test"]) > 0:
+            return
+        source, have = f"feature table {cfg.data.features!r}", ", ".join(sorted(splits))
+    else:
+        counts = data.manifest.split_counts
+        if counts.get("test", 0) > 0:
+            return
+        source, have = f"dataset {cfg.data.uri!r}", ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    raise ConfigError(f"run.evaluate is true but the {source} has no test split (splits: {have}); "
+                      f"add one or pass --evaluate false")
+
+
+def check_num_novel(cfg: Config, data: TrainingData) -> None:
+    """A number ``model.num_novel = N`` needs ``2 <= N <= `` the novel training rows (one cluster is no
+    transport problem; more clusters than rows leaves some empty and drives τ away)."""
+    if cfg.model.num_novel in ("auto", "0"):
+        return
+    count, rows = int(cfg.model.num_novel), data.summary.novel_rows
+    source = cfg.data.features or cfg.data.uri
+    if count < 2:
+        raise ConfigError(f"model.num_novel={count}: need at least 2 novel clusters (or 0 for the data's "
+                          f"{data.summary.num_novel}, or auto)")
+    if count > rows:
+        raise ConfigError(f"model.num_novel={count} is more than the {rows} novel training rows of {source!r}")
+
+
+def check_resume(cfg: Config, data: TrainingData) -> None:
+    """``run.resume``: read the checkpoint here, then load its ``model`` into a throwaway model built as the
+    workers build theirs, and compare its buffer's width with ``Ku``.
+
+    With ``model.num_novel=auto`` the workers' ``Ku`` is the estimate made after Ray starts, so only
+    readability is checked here.
+    """
+    if not cfg.run.resume:
+        return
+    from ncdlr.models import build_model
+
+    from .checkpoint import CheckpointError, load_checkpoint, load_model_state
+    from .num_novel import model_num_novel
+
+    try:
+        payload = load_checkpoint(cfg.run.resume)
+    except CheckpointError as err:  # torch's reasons for an unreadable file run over several lines: keep the first
+        raise CheckpointError(f"run.resume: {str(err).splitlines()[0]}") from err
+    if cfg.model.num_novel == "auto":
+        return
+    source = f"run.resume {payload['source']!r}"
+    num_novel = model_num_novel(cfg, data.summary)
+    model = build_model(cfg.model, data.summary.num_known, num_novel, image_size=cfg.data.image_size)
+    load_model_state(model, payload.get("model") or {}, source)
+    buffer = payload.get("buffer")
+    if not (cfg.labeler.use_buffer and buffer):
+        return
+    width, rows = int(buffer["rows"].shape[1]), int(buffer["rows"].shape[0])
+    if width != num_novel:
+        raise CheckpointError(f"{source}: its buffer holds rows of {width} novel clusters, this run has "
+                              f"Ku = {num_novel} (model.num_novel)")
+    if rows > cfg.labeler.buffer_size:
+        raise CheckpointError(f"{source}: its buffer holds {rows} rows, more than labeler.buffer_size = "
+                              f"{cfg.labeler.buffer_size}")
