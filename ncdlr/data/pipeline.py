@@ -303,6 +303,15 @@ def _verify(uri: str, fs: pafs.FileSystem, base: str, manifest: Manifest, splits
             check_shard(fs, join(base, shard.path), shard, join(uri, shard.path), checksum=mode == "checksum")
 
 
+def verify_splits(uri: str, manifest: Manifest, splits: Sequence[str], *, mode: str = "stamp",
+                  endpoint_url: str | None = None) -> None:
+    """Check the shards of ``splits`` against ``manifest`` as :func:`load_splits` does (``mode``: see there),
+    without building a dataset: what a driver runs before it starts Ray. Raises ``DatasetFormatError`` naming
+    the shard."""
+    fs, base = resolve(uri, endpoint_url)
+    _verify(uri, fs, base, manifest, splits, mode)
+
+
 # Datasets made by ``load_splits`` → (their ``ShardDatasource``, the rows per read block or None). Decoding
 # such a dataset reads that source again with the decode step inside the read tasks.
 _SOURCE_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -14,7 +14,9 @@ entry points as one line with exit code 2:
 3. the test split exists when ``run.evaluate`` is true;
 4. a number ``model.num_novel`` lies in ``[2, novel training rows]``;
 5. the ``run.resume`` checkpoint is readable and fits the model the workers will build (trainable parameter
-   names and shapes) and the labeler's ``Ku`` (the width of the buffer rows it saved).
+   names and shapes) and the labeler's ``Ku`` (the width of the buffer rows it saved);
+6. an image dataset's shards match their manifest (sha256 the first time, then the stamp it leaves:
+   :func:`ncdlr.data.pipeline.verify_splits`), so a corrupt shard is named before training, not mid-epoch.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ def preflight(cfg: Config, data: TrainingData) -> None:
         ConfigError: a missing input path, an occupied run directory, no test split to evaluate on, or
             ``model.num_novel`` outside ``[2, novel rows]`` (the message names the key and the file).
         CheckpointError: ``run.resume`` is unreadable or does not fit this run's model or labeler.
+        DatasetFormatError: a shard of the image dataset is missing or does not match its manifest.
     """
     absolute_paths(cfg)
     check_run_directory(cfg)
     check_test_split(cfg, data)
     check_num_novel(cfg, data)
     check_resume(cfg, data)
+    check_shards(cfg, data)
 
 
 def _is_local(path: str) -> bool:
@@ -148,3 +152,14 @@ def check_resume(cfg: Config, data: TrainingData) -> None:
     if rows > cfg.labeler.buffer_size:
         raise CheckpointError(f"{source}: its buffer holds {rows} rows, more than labeler.buffer_size = "
                               f"{cfg.labeler.buffer_size}")
+
+
+def check_shards(cfg: Config, data: TrainingData) -> None:
+    """Image mode: the training (and, when evaluating, test) shards match the manifest (``DatasetFormatError``
+    names the shard; the Ray Data set-up then checks only the stamp again)."""
+    if data.manifest is None:
+        return
+    from ncdlr.data.pipeline import verify_splits
+
+    splits = ["known", "novel"] + (["test"] if cfg.run.evaluate else [])
+    verify_splits(cfg.data.uri, data.manifest, splits, endpoint_url=cfg.data.endpoint_url or None)

@@ -144,27 +144,52 @@ def fit(cfg: Config) -> dict:
     Keys: ``output`` (run dir), ``checkpoint`` (path/URI of the final checkpoint), ``metrics`` (last
     epoch's training metrics), ``test`` (evaluation metrics, when evaluated), ``seconds``.
     """
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-
-    from .console import ConsoleRelay
-    from .entry import init_ray
-    from .num_novel import fixed_prior_counts, model_num_novel, resolve_num_novel
-    from .preflight import preflight
-    from .worker import train_worker
-
     start = time.perf_counter()
-    data = load_training_data(cfg.data)  # checked before anything is written
+    data, output = prepare_run(cfg)
+    result, checkpoint_path = train_with_ray(cfg, data, output)
+    out = {"output": str(output), "checkpoint": checkpoint_path, "metrics": dict(result.metrics or {})}
+    if cfg.run.evaluate:
+        from .evaluate import evaluate_run
+
+        out["test"] = evaluate_run(output, checkpoint_path, data=data)
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
+    """Read the data once and check everything that can be checked (:func:`~ncdlr.service.preflight.preflight`)
+    before anything is written; then write ``config.yaml``, start or join Ray and resolve ``model.num_novel``."""
+    from .entry import init_ray
+    from .num_novel import fixed_prior_counts, resolve_num_novel
+    from .preflight import preflight
+
+    data = load_training_data(cfg.data)
     if data.features is not None:
         cfg.model.feature_dim = data.summary.feature_dim
-    preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint checked
+    preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint, shards
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
     save_config(cfg, output / "config.yaml")
     init_ray(cpus_needed=cfg.run.num_workers * cfg.run.cpus_per_worker + 2, verbose=cfg.run.verbose)
-    use_gpu = resolve_use_gpu(cfg.run.use_gpu)
     if resolve_num_novel(cfg, data, output) is not None:  # model.num_novel=auto → the estimate, saved
         save_config(cfg, output / "config.yaml")
     fixed_prior_counts(cfg, data.summary)  # refuse prior=fixed with a Ku other than the data's before Ray Train starts
+    return data, output
+
+
+def train_with_ray(cfg: Config, data: TrainingData, output: Path):
+    """The ``TorchTrainer`` run with the console relay; returns Ray's ``Result`` and the final checkpoint's path.
+
+    ``<output>/checkpoint.txt`` names the latest checkpoint (for ``--run.resume``) also when the run fails or
+    is interrupted (SIGINT), then the error is raised.
+    """
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+
+    from .console import ConsoleRelay
+    from .num_novel import model_num_novel
+    from .worker import train_worker
+
+    use_gpu = resolve_use_gpu(cfg.run.use_gpu)
     run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:8]}"
     run_name = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     try:
@@ -182,7 +207,7 @@ def fit(cfg: Config) -> dict:
                                      failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
                 **_datasets(cfg, data),
             )
-    except BaseException:  # failed or interrupted (SIGINT): point checkpoint.txt at what the run saved, for --run.resume
+    except BaseException:  # failed or interrupted (SIGINT): point checkpoint.txt at what the run saved
         try:
             checkpoint_path = latest_checkpoint(cfg, run_name)
         except Exception:  # storage unreachable: the run's own error is the one to show
@@ -191,12 +216,5 @@ def fit(cfg: Config) -> dict:
             (output / "checkpoint.txt").write_text(checkpoint_path + "\n")
         raise
     checkpoint_path = _checkpoint_uri(cfg, result.checkpoint.path) if result.checkpoint is not None else ""
-    out = {"output": str(output), "checkpoint": checkpoint_path, "metrics": dict(result.metrics or {}),
-           "seconds": time.perf_counter() - start}
     (output / "checkpoint.txt").write_text(checkpoint_path + "\n")
-    if cfg.run.evaluate:
-        from .evaluate import evaluate_run
-
-        out["test"] = evaluate_run(output, checkpoint_path, data=data)
-    out["seconds"] = time.perf_counter() - start
-    return out
+    return result, checkpoint_path

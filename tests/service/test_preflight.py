@@ -123,6 +123,20 @@ def test_an_image_dataset_without_a_test_split_is_refused_when_evaluating(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_a_dataset_with_a_flipped_byte_in_a_shard_is_refused_naming_the_shard(tmp_path, capsys, no_ray):
+    """Defect 2 of issue 17: a corrupt shard used to train without a word (or crash mid-epoch naming no shard)."""
+    records, classes, info = make_tiny_dataset(size=16)
+    manifest = write_dataset(str(tmp_path / "dataset"), records, classes, replace(info, name="flipped"), progress=False)
+    shard = tmp_path / "dataset" / next(s.path for s in manifest.shards if s.split == "novel")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    err = refused(capsys, "--uri", str(tmp_path / "dataset"), "--encoder", "tiny_cnn",
+                  "--output", str(tmp_path / "run"))
+    assert shard.name in err and "re-prepare" in err
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------- 3. model.num_novel against the data
 def test_one_novel_cluster_is_refused(tmp_path, table, capsys, no_ray):
     err = refused(capsys, "--features", table, "--output", str(tmp_path / "run"), "--num-novel", "1")
