@@ -208,6 +208,7 @@ class Setting:
     key: str
     value: Any
     from_text: bool = False
+    source: str = ""  #: where it was given (a YAML file): errors name it
 
 
 def _methods() -> dict:
@@ -235,26 +236,30 @@ def resolve(settings: list[Setting]) -> Config:
     cfg = Config()
     explicit: set[str] = set()
     for setting in settings:
-        key = resolve_key(setting.key)
-        _set(cfg, key, setting.value, from_text=setting.from_text)
+        try:
+            key = resolve_key(setting.key)
+            _set(cfg, key, setting.value, from_text=setting.from_text)
+        except ConfigError as err:
+            raise ConfigError(f"{setting.source}: {err}" if setting.source else str(err)) from None
         explicit.add(key)
     _apply_method_requirements(cfg, explicit)
     return cfg
 
 
-def dict_settings(data: dict[str, Any] | None, source: str = "config") -> list[Setting]:
-    """``{section: {key: value}}`` → settings; a malformed mapping raises ConfigError naming ``source``."""
+def dict_settings(data: dict[str, Any] | None, source: str = "") -> list[Setting]:
+    """``{section: {key: value}}`` → settings given in ``source`` (their errors name it); a malformed mapping
+    raises ConfigError."""
     if data is None:
         return []
     if not isinstance(data, dict):
-        raise ConfigError(f"{source} must be a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(f"config must be a mapping of sections, got {type(data).__name__}")
     out = []
     for section_name, values in data.items():
         if section_name not in _sections():
             raise ConfigError(f"unknown config section {section_name!r} (sections: {', '.join(_sections())})")
         if not isinstance(values, dict):
             raise ConfigError(f"config section {section_name!r} must be a mapping, got {type(values).__name__}")
-        out += [Setting(f"{section_name}.{name}", value) for name, value in values.items()]
+        out += [Setting(f"{section_name}.{name}", value, source=source) for name, value in values.items()]
     return out
 
 
@@ -268,12 +273,9 @@ def yaml_settings(path: str | Path) -> list[Setting]:
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
     try:
-        settings = dict_settings(data, f"config file {str(path)!r}")
-        for setting in settings:  # check keys now, so errors name the file
-            _set(Config(), setting.key, setting.value, from_text=False)
+        return dict_settings(data, str(path))  # each key and value is checked once, by resolve(), naming the file
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    return settings
 
 
 def override_settings(overrides: list[str]) -> list[Setting]:
@@ -318,14 +320,6 @@ def resolve_key(key: str) -> str:
     if len(owners) > 1:
         raise ConfigError(f"config key {key!r} is ambiguous; write one of {', '.join(f'{o}.{key}' for o in owners)}")
     return f"{owners[0]}.{key}"
-
-
-def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Set ``["--key", "value", "--section.key=value", ...]`` on ``cfg`` in place and return it (no method
-    requirements applied: :func:`load_config` is the full resolution)."""
-    for setting in override_settings(overrides):
-        _set(cfg, resolve_key(setting.key), setting.value, from_text=True)
-    return cfg
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -12,7 +12,7 @@ from ncdlr.methods import (METHODS, MethodConfigError, build_method, class_balan
                            pseudo_label_counts, ranking_pairs)
 from ncdlr.data.features import FeatureSplits
 from ncdlr.labeler import AdaptiveSelfLabeler
-from ncdlr.service.config import Config, ConfigError, apply_overrides, load_config
+from ncdlr.service.config import Config, ConfigError, load_config
 from ncdlr.service.local import evaluate, train
 
 KS, KU, DIM = 4, 4, 16
@@ -148,11 +148,11 @@ def test_bounded_prior_state_round_trips():
 
 def test_method_config_rejects_unknown_names_and_losses_naming_the_key():
     with pytest.raises(ConfigError, match="method.name"):
-        apply_overrides(Config(), ["--method.name", "dino"])
+        load_config(None, ["--method.name", "dino"])
     with pytest.raises(ConfigError, match="method.loss"):
-        apply_overrides(Config(), ["--method.loss", "hinge"])
+        load_config(None, ["--method.loss", "hinge"])
     with pytest.raises(ConfigError, match="model.prototypes"):
-        apply_overrides(Config(), ["--prototypes", "random"])
+        load_config(None, ["--prototypes", "random"])
 
 
 @pytest.mark.parametrize("method", ["uno", "autonovel"])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ncdlr.service.config import Config, ConfigError, apply_overrides, load_config, load_yaml, save_config
+from ncdlr.service.config import Config, ConfigError, load_config, load_yaml, save_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
@@ -63,7 +63,7 @@ def test_bad_yaml_key_or_type_is_rejected_naming_the_key(tmp_path, text, key):
 ])
 def test_bad_override_is_rejected_naming_the_key(args, key):
     with pytest.raises(ConfigError, match=key):
-        apply_overrides(Config(), args)
+        load_config(None, args)
 
 
 def test_missing_config_file_is_named(tmp_path):
@@ -72,7 +72,7 @@ def test_missing_config_file_is_named(tmp_path):
 
 
 def test_saved_config_round_trips(tmp_path):
-    cfg = apply_overrides(Config(), ["--gamma", "3", "--encoder", "tiny_cnn", "--use-gpu", "false"])
+    cfg = load_config(None, ["--gamma", "3", "--encoder", "tiny_cnn", "--use-gpu", "false"])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_yaml(tmp_path / "config.yaml") == cfg
 
