@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ncdlr.data.longtail import long_tail_counts
-from ncdlr.data.records import SPLITS
+from ncdlr.data.records import SPLITS, checked_splits
 from ncdlr.data.storage import ObjectNotFoundError, join, resolve, with_retries
 
 METADATA_KEY = b"ncdlr"  #: schema metadata key of the JSON table metadata
@@ -227,9 +227,7 @@ def read_feature_table(uri: str, splits: Sequence[str] | None = None, *,
         ``ncdlr.data.storage`` errors for a missing table or bucket, refused credentials or no endpoint.
     """
     if splits is not None:
-        splits = tuple(splits)
-        if unknown := [s for s in splits if s not in SPLITS]:
-            raise ValueError(f"unknown split(s) {unknown}; splits are {SPLITS}")
+        splits = tuple(checked_splits(splits))
     fs, files, schema = _open(uri, endpoint_url)
     meta = _metadata(schema)
     columns = [c for c in (*FEATURE_COLUMNS, "source_id") if c in schema.names]
@@ -319,9 +317,7 @@ def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "tes
 
     from ncdlr.data.pipeline import ShardDatasource
 
-    splits = list(splits)
-    if unknown := [s for s in splits if s not in SPLITS]:
-        raise ValueError(f"unknown split(s) {unknown}; splits are {SPLITS}")
+    splits = checked_splits(splits)
     fs, files, schema = _open(uri, endpoint_url)
     columns = [c for c in (*FEATURE_COLUMNS, *OPTIONAL_COLUMNS) if c in schema.names]
     sizes = [with_retries(lambda f=f: fs.get_file_info(f), uri).size for f in files]

@@ -59,7 +59,7 @@ from ray.data.collate_fn import NumpyBatchCollateFn
 from ray.data.datasource import Datasource, ReadTask
 
 from ncdlr.data.manifest import Manifest, read_manifest
-from ncdlr.data.records import GROUPS, SPLITS
+from ncdlr.data.records import GROUPS, checked_splits
 from ncdlr.data.shards import SCHEMA, check_shard, verify_with_stamp
 from ncdlr.data.storage import join, resolve
 from ncdlr.data.transforms import VIEW_DTYPES, EvalView, TrainViews, decode_pool, normalise_views, split_valid
@@ -339,9 +339,7 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "stamp",
     ``with_train_views`` / ``with_eval_view`` read the splits again with decoding inside the read tasks.
     ``manifest``: the dataset's manifest when the caller has read it already (it is not read again).
     """
-    splits = list(split_names)
-    if unknown := [s for s in splits if s not in SPLITS]:
-        raise ValueError(f"unknown split(s) {unknown}; splits are {SPLITS}")
+    splits = checked_splits(split_names)
     manifest = manifest or read_manifest(uri, endpoint_url)
     empty = [s for s in splits if manifest.split_counts.get(s, 0) == 0]
     if empty:

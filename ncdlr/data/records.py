@@ -15,6 +15,14 @@ training set, and the evaluation splits (which hold images of both groups)."""
 GROUPS: tuple[str, ...] = ("known", "novel")
 
 
+def checked_splits(names) -> list[str]:
+    """``names`` as a list, refusing any that is not one of :data:`SPLITS` (``ValueError`` naming them)."""
+    names = list(names)
+    if unknown := [s for s in names if s not in SPLITS]:
+        raise ValueError(f"unknown split(s) {unknown}; splits are {SPLITS}")
+    return names
+
+
 @dataclass(frozen=True)
 class ClassInfo:
     """One class of a prepared dataset.

@@ -6,8 +6,8 @@ the run's :class:`Method` (built once per worker by :func:`ncdlr.methods.build_m
 1. ``known_loss(model, z1, z2, labels)`` — supervised loss of the valid known rows, both views;
 2. ``novel_targets(model, z1, z2, valid, step)`` — detached targets for the novel rows (soft pseudo-labels
    from the discovery step, or AutoNovel's pairwise labels) and phase times ``{"exchange", "ot"}``;
-3. ``novel_loss(model, z1, z2, targets, valid)`` — the unsupervised loss (swapped prediction where the
-   method has it);
+3. ``novel_loss(model, z1, z2, targets, valid)`` — the unsupervised loss (swapped prediction unless the
+   method has its own);
 
 and at evaluation ``predict_logits(model, z)`` gives the ``[N, K]`` scores whose argmax over all ``K``
 classes is the (task-agnostic) prediction. Post-hoc fixes (:mod:`ncdlr.methods.posthoc`,
@@ -110,12 +110,9 @@ class Method(abc.ABC):
                       ) -> tuple[Tensor, dict[str, float]]:
         """Detached targets for this rank's novel rows ``z_v [B, D]`` (``valid [B]`` bool) and phase times."""
 
-    @abc.abstractmethod
     def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
-        """Scalar unsupervised loss of the valid novel rows given :meth:`novel_targets`' output."""
-
-    def swapped_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
-        """Swapped prediction ``½ (loss(z_2, q_1) + loss(z_1, q_2))`` over the valid rows; ``targets [2, B, Ku]``."""
+        """Scalar unsupervised loss of the valid novel rows given :meth:`novel_targets`' output; by default the
+        swapped prediction ``½ (loss(z_2, q_1) + loss(z_1, q_2))`` with soft ``targets [2, B, Ku]``."""
         prototypes = model.class_prototypes()
         q = targets.to(z1.device)
         q1, q2 = (pad_novel(q[v][valid], model.num_known) for v in (0, 1))

@@ -45,6 +45,3 @@ class NCDLR(Method):
         pu = model.class_prototypes()[:, model.num_known:]
         scores = torch.stack([z1 @ pu, z2 @ pu]).detach()
         return self.discovery(scores, valid, step)
-
-    def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
-        return self.swapped_loss(model, z1, z2, targets, valid)

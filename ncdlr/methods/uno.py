@@ -52,6 +52,3 @@ class UNO(Method):
             out.append(q[0])
             times = {k: times[k] + t[k] for k in times}
         return torch.stack(out), times
-
-    def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
-        return self.swapped_loss(model, z1, z2, targets, valid)

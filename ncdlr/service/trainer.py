@@ -57,7 +57,7 @@ def _datasets(cfg: Config, data: TrainingData) -> dict:
 
     pipe = pipeline_config(cfg)
     raw = pipeline.load_splits(cfg.data.uri, ["known", "novel"], endpoint_url=cfg.data.endpoint_url or None,
-                               manifest=data.manifest)
+                               manifest=data.manifest, verify="none")  # preflight.check_shards checked them
     return {"datasets": {name: pipeline.with_train_views(ds, pipe) for name, ds in raw.items()},
             "dataset_config": pipeline.train_data_config(pipe)}
 
