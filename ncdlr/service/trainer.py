@@ -37,16 +37,22 @@ def _storage_path(cfg: Config) -> str:
     return str(Path(cfg.run.output, "ray").resolve())
 
 
-def _run_storage(cfg: Config) -> dict:
-    """``RunConfig`` storage arguments: on ``s3://`` our own filesystem that writes no directory markers
-    (:class:`ncdlr.data.storage.ImplicitDirsS3Handler`; the rclone S3 server refuses nested ones)."""
+def ray_storage(uri: str, endpoint_url: str | None = None):
+    """``(filesystem, path)`` for Ray's ``storage_filesystem``/``storage_path`` (Train and Tune): a local folder →
+    ``(None, absolute path)``; ``s3://bucket/prefix`` → our filesystem that writes no directory markers
+    (:func:`ncdlr.data.storage.run_storage_filesystem`; the rclone S3 server refuses them; the bucket is checked
+    and errors name the URI)."""
     from ncdlr.data.storage import is_s3, run_storage_filesystem
 
-    path = _storage_path(cfg)
-    if not is_s3(path):
-        return {"storage_path": path}
-    fs, fs_path = run_storage_filesystem(path, cfg.data.endpoint_url or None)
-    return {"storage_path": fs_path, "storage_filesystem": fs}
+    if not is_s3(uri):
+        return None, str(Path(uri).resolve())
+    return run_storage_filesystem(uri, endpoint_url)
+
+
+def _run_storage(cfg: Config) -> dict:
+    """``RunConfig`` storage arguments of the run (:func:`ray_storage` of ``run.storage_path``)."""
+    fs, path = ray_storage(_storage_path(cfg), cfg.data.endpoint_url or None)
+    return {"storage_path": path} if fs is None else {"storage_path": path, "storage_filesystem": fs}
 
 
 def _datasets(cfg: Config, data: TrainingData) -> dict:

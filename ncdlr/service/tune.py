@@ -43,9 +43,10 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from ncdlr.data.features import FeatureSplits
-from ncdlr.data.storage import is_s3, join, run_storage_filesystem
+from ncdlr.data.storage import is_s3, join
 
 from .config import Config, ConfigError, from_dict, save_config
+from .trainer import ray_storage
 from .validation import SCORING_SPLIT, validation_scores
 
 log = logging.getLogger(__name__)
@@ -364,15 +365,6 @@ def trial_rows(result_grid, settings: TrialSettings) -> list[dict]:
 
 
 # -- storage: Ray Tune/Train on a local folder or s3:// ---------------------------------------------------------
-
-
-def ray_storage(uri: str) -> tuple[pafs.FileSystem | None, str]:
-    """``(filesystem, path)`` for Ray's ``storage_filesystem``/``storage_path``: local → ``(None, abs path)``;
-    ``s3://bucket/prefix`` → the marker-free S3 filesystem of :func:`ncdlr.data.storage.run_storage_filesystem`
-    (the bucket is checked; errors name the URI)."""
-    if not is_s3(uri):
-        return None, str(Path(uri).resolve())
-    return run_storage_filesystem(uri)
 
 
 @dataclass(frozen=True)
