@@ -25,6 +25,15 @@ table training could not use: a missing column, an ``embedding`` that is not a l
 embeddings, ragged or zero widths, NaN/inf values (with the first bad row), a requested split without rows
 (``known`` and ``novel`` when all splits are read), unknown split names, and labels outside their range.
 A missing table or bucket raises the :mod:`ncdlr.data.storage` error types.
+
+**Activation tables** (``ncdlr embed --trainable-blocks B --views A``) have an ``activation`` column instead of
+``embedding``: list<float16>, the ``V`` cached views of one image flattened (``V`` = A random training crops on
+``known``/``novel``/``val`` rows, 1 centre view on ``test``), each the frozen encoder's activation at the input of
+its last ``B`` blocks. Their metadata adds ``{"kind": "activations", "shape": [C, h, w] or [T, D], "encoder",
+"image_size", "cached_blocks": B, "views": {split: V}, ...}``. They read into the same :class:`FeatureSplits`
+with ``features[split]`` float16 ``[N, V, *shape]`` (rows sorted by ``source_id``, so the order never depends
+on the order the parts were written in) and ``activation_shape`` set; :func:`first_view` gives the ``[N, *shape]``
+float32 inputs a model evaluates. Written part by part (:func:`write_table_part`), so ``embed`` can resume.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from ncdlr.data.storage import ObjectNotFoundError, join, resolve, with_retries
 METADATA_KEY = b"ncdlr"  #: schema metadata key of the JSON table metadata
 FEATURE_COLUMNS = ("embedding", "label", "split")  #: required columns; ``class_name``/``source_id`` are optional
 OPTIONAL_COLUMNS = ("class_name", "source_id")
+ACTIVATIONS = "activations"  #: metadata ``kind`` of an activation table (column ``activation`` instead of ``embedding``)
 
 
 class FeatureTableError(ValueError):
@@ -71,10 +81,21 @@ class FeatureSplits:
     class_names: list[str]
     source_ids: dict[str, list[str]] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: activation tables: the shape of one cached activation (``features[split]`` is float16 ``[N, V, *shape]``)
+    activation_shape: tuple[int, ...] = ()
+
+    @property
+    def is_activations(self) -> bool:
+        return bool(self.activation_shape)
 
     @property
     def dim(self) -> int:
-        return next(iter(self.features.values())).shape[1]
+        """``D`` of an embedding table (0 for an activation table, whose inputs are ``activation_shape``)."""
+        return 0 if self.is_activations else next(iter(self.features.values())).shape[1]
+
+    def views(self, split: str) -> int:
+        """Cached views per row of ``split`` (1 for an embedding table)."""
+        return int(self.features[split].shape[1]) if self.is_activations else 1
 
     def train_counts(self) -> list[int]:
         """``[K]`` training rows per class (the ``known`` and ``novel`` splits)."""
@@ -87,6 +108,10 @@ class FeatureSplits:
     def labeled_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The training rows as arrays, known rows first: ``features [N, D]`` float32, ``labels [N]`` int64,
         ``labeled [N]`` bool (True for split ``known``) — the input of :func:`ncdlr.estimate_k.estimate_num_novel`."""
+        if self.is_activations:
+            raise ValueError("an activation table holds the input of the last encoder blocks, not embeddings: "
+                             "estimate the number of novel classes on a head-only table (ncdlr embed without "
+                             "--trainable-blocks) and pass it as model.num_novel")
         missing = [s for s in ("known", "novel") if s not in self.features]
         if missing:
             raise ValueError(f"labeled_rows needs the known and novel splits; these were not read: {missing}")
@@ -94,6 +119,12 @@ class FeatureSplits:
         labeled = np.concatenate([np.ones(len(known), dtype=bool), np.zeros(len(novel), dtype=bool)])
         labels = torch.cat([self.labels["known"], self.labels["novel"]]).numpy()
         return torch.cat([known, novel]).numpy(), labels, labeled
+
+
+def first_view(x: torch.Tensor) -> torch.Tensor:
+    """A model's evaluation input from a feature-table tensor: embeddings ``[N, D]`` as they are, cached
+    activations ``[N, V, *shape]`` → view 0 as float32 ``[N, *shape]`` (the centre view on ``test``)."""
+    return x if x.dim() == 2 else x[:, 0].float()
 
 
 # ------------------------------------------------------------------------------------------ schema
@@ -128,13 +159,19 @@ def _open(uri: str, endpoint_url: str | None) -> tuple[pafs.FileSystem, list[str
         schema = with_retries(lambda: pq.read_schema(files[0], filesystem=fs), uri)
     except pa.ArrowInvalid as err:
         raise FeatureTableError(f"{where}: not a parquet file ({err})") from err
-    missing = [c for c in FEATURE_COLUMNS if c not in schema.names]
+    data = _data_column(schema)
+    missing = [c for c in (data, "label", "split") if c not in schema.names]
     if missing:
         raise FeatureTableError(f"{where}: feature table lacks column(s) {', '.join(missing)} "
                                 f"(has {', '.join(schema.names)})")
-    if not _is_float_list(schema.field("embedding").type):
-        raise FeatureTableError(f"{where}: column 'embedding' must be a list of floats, got "
-                                f"{schema.field('embedding').type}")
+    if not _is_float_list(schema.field(data).type):
+        raise FeatureTableError(f"{where}: column {data!r} must be a list of floats, got {schema.field(data).type}")
+    if data == "activation":
+        meta = _metadata(schema)
+        shape = meta.get("shape")
+        if meta.get("kind") != ACTIVATIONS or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise FeatureTableError(f"{where}: an 'activation' column needs metadata kind {ACTIVATIONS!r} and the "
+                                    f"activation 'shape' (got kind={meta.get('kind')!r}, shape={shape!r})")
     if not pa.types.is_integer(schema.field("label").type):
         raise FeatureTableError(f"{where}: column 'label' must hold integers, got {schema.field('label').type}")
     split = schema.field("split").type
@@ -143,6 +180,11 @@ def _open(uri: str, endpoint_url: str | None) -> tuple[pafs.FileSystem, list[str
     if not (pa.types.is_string(split) or pa.types.is_large_string(split)):
         raise FeatureTableError(f"{where}: column 'split' must hold strings, got {schema.field('split').type}")
     return fs, files, schema
+
+
+def _data_column(schema: pa.Schema) -> str:
+    """``"activation"`` for an activation table, else ``"embedding"``."""
+    return "activation" if "activation" in schema.names and "embedding" not in schema.names else "embedding"
 
 
 def _metadata(schema: pa.Schema) -> dict[str, Any]:
@@ -184,6 +226,47 @@ def _embeddings(uri: str, column: pa.ChunkedArray, split: np.ndarray) -> np.ndar
         raise FeatureTableError(f"{uri}: column 'embedding' has NaN or infinite values in {int((~finite).sum())} "
                                 f"rows (first: {_first_row(~finite, split)})")
     return x
+
+
+def _activations(uri: str, column: pa.ChunkedArray, split: np.ndarray, shape: tuple[int, ...]
+                 ) -> dict[str, np.ndarray]:
+    """``{split: float16 [n, V, *shape]}`` from the list<float16> column; every row of a split must hold the
+    same number ``V`` of whole views, and every value must be finite."""
+    act = column.combine_chunks()
+    if act.null_count:
+        bad = act.is_null().to_numpy(zero_copy_only=False)
+        raise FeatureTableError(f"{uri}: column 'activation' has {act.null_count} null rows "
+                                f"(first: {_first_row(bad, split)})")
+    size = int(np.prod(shape))
+    widths = pc.list_value_length(act).to_numpy() if len(act) else np.zeros(0, np.int64)
+    if len(widths) and ((widths % size) != 0).any() or (widths == 0).any():
+        raise FeatureTableError(f"{uri}: activations must hold whole views of shape {list(shape)} ({size} values), "
+                                f"found a row of {int(widths[(widths % size != 0) | (widths == 0)][0])} "
+                                f"(first: {_first_row((widths % size != 0) | (widths == 0), split)})")
+    values = np.asarray(act.flatten().to_numpy(zero_copy_only=False), dtype=np.float16)
+    offsets = np.concatenate([[0], np.cumsum(widths)])
+    out: dict[str, np.ndarray] = {}
+    for name in np.unique(split):
+        rows = np.flatnonzero(split == name)
+        views = widths[rows] // size
+        if views.min() != views.max():
+            raise FeatureTableError(f"{uri}: split {str(name)!r} has rows with {views.min()} and {views.max()} "
+                                    "views; every row of a split needs the same number")
+        starts = offsets[rows]
+        if len(rows) and (np.diff(starts) == widths[rows][:-1]).all():  # contiguous rows: one slice, no copy
+            block = values[starts[0]:starts[0] + len(rows) * int(widths[rows[0]])]
+        else:
+            block = np.concatenate([values[a:a + w] for a, w in zip(starts, widths[rows])])
+        x = block.reshape(len(rows), int(views[0]), *shape)
+        if not x.flags.writeable:  # a zero-copy view of Arrow's buffer: torch wants memory it may write
+            x = x.copy()
+        finite = np.isfinite(x.reshape(len(rows), -1)).all(axis=1)
+        if not finite.all():
+            raise FeatureTableError(f"{uri}: column 'activation' has NaN or infinite values in "
+                                    f"{int((~finite).sum())} rows (first: row {int(np.argmax(~finite))} of split "
+                                    f"{str(name)!r})")
+        out[str(name)] = x
+    return out
 
 
 def _class_counts(uri: str, meta: dict, labels: np.ndarray, split: np.ndarray) -> tuple[int, int]:
@@ -230,7 +313,8 @@ def read_feature_table(uri: str, splits: Sequence[str] | None = None, *,
         splits = tuple(checked_splits(splits))
     fs, files, schema = _open(uri, endpoint_url)
     meta = _metadata(schema)
-    columns = [c for c in (*FEATURE_COLUMNS, "source_id") if c in schema.names]
+    data = _data_column(schema)
+    columns = [c for c in (data, "label", "split", "source_id") if c in schema.names]
     rows = None if splits is None else pc.field("split").isin(list(splits))
     dataset = pads.dataset(files, filesystem=fs, format="parquet", schema=schema)
     table = with_retries(lambda: dataset.to_table(columns=columns, filter=rows), uri)
@@ -245,7 +329,15 @@ def read_feature_table(uri: str, splits: Sequence[str] | None = None, *,
     for needed in splits if splits is not None else ("known", "novel"):
         if needed not in present:
             raise FeatureTableError(f"{uri}: no rows with split {needed!r}")
-    x = _embeddings(uri, table.column("embedding"), split)
+    shape: tuple[int, ...] = ()
+    if data == "activation":  # rows in source_id order within each split: independent of the parts' order
+        shape = tuple(int(d) for d in meta["shape"])
+        if "source_id" in columns:
+            order = np.lexsort((table.column("source_id").to_numpy(zero_copy_only=False).astype(str), split))
+            table, split = table.take(pa.array(order)), split[order]
+        x = _activations(uri, table.column("activation"), split, shape)
+    else:
+        x = _embeddings(uri, table.column("embedding"), split)
     y = table.column("label").to_numpy().astype(np.int64)
     num_known, num_classes = _class_counts(uri, meta, y, split)
     names = list(meta.get("class_names") or [str(i) for i in range(num_classes)])
@@ -255,11 +347,11 @@ def read_feature_table(uri: str, splits: Sequence[str] | None = None, *,
     order = [s for s in SPLITS if s in present]
     ids = table.column("source_id").to_numpy(zero_copy_only=False) if "source_id" in columns else None
     return FeatureSplits(
-        features={s: torch.from_numpy(x[split == s]) for s in order},
+        features={s: torch.from_numpy(x[s] if shape else x[split == s]) for s in order},
         labels={s: torch.from_numpy(y[split == s]) for s in order},
         num_known=num_known, num_novel=num_classes - num_known, class_names=names,
         source_ids={} if ids is None else {s: [str(v) for v in ids[split == s]] for s in order},
-        metadata=meta)
+        metadata=meta, activation_shape=shape)
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -291,6 +383,57 @@ def write_feature_table(uri: str, embeddings: np.ndarray, labels: np.ndarray, sp
     if isinstance(fs, pafs.LocalFileSystem):  # object stores need no parent "directories"
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with_retries(lambda: pq.write_table(table, path, filesystem=fs), uri)
+
+
+def write_table_part(uri: str, activations: np.ndarray, labels: np.ndarray, splits: Sequence[str], *,
+                     source_ids: Sequence[str], class_names: list[str], metadata: dict,
+                     endpoint_url: str | None = None) -> None:
+    """Write one part (one parquet file at ``uri``) of an activation table: ``activations`` ``[n, V, *shape]``
+    (stored float16, ``shape`` = ``metadata["shape"]``), ``labels [n]``, ``splits [n]``, ``source_ids [n]``.
+
+    A local part is written to a hidden temporary name and renamed, an ``s3://`` part is one PUT: a reader or a
+    resumed ``embed`` never sees half a part. ``metadata`` (``kind``, ``shape``, ``num_known``, ...) goes into
+    every part's schema.
+    """
+    act = np.ascontiguousarray(activations, dtype=np.float16)
+    n = act.shape[0]
+    if tuple(act.shape[2:]) != tuple(metadata["shape"]):
+        raise ValueError(f"activations {act.shape} do not match the table's shape {metadata['shape']}")
+    width = int(np.prod(act.shape[1:]))
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width)
+    columns = {
+        "activation": pa.ListArray.from_arrays(offsets, pa.array(act.reshape(-1), type=pa.float16())),
+        "label": pa.array(np.asarray(labels, dtype=np.int32)),
+        "split": pa.array([str(s) for s in splits]),
+        "class_name": pa.array([class_names[int(label)] for label in labels]),
+        "source_id": pa.array([str(s) for s in source_ids]),
+    }
+    meta = {**metadata, "kind": ACTIVATIONS, "class_names": class_names}
+    table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()})
+    fs, path = resolve(uri, endpoint_url)
+    if isinstance(fs, pafs.LocalFileSystem):
+        folder, name = path.rsplit("/", 1)
+        fs.create_dir(folder, recursive=True)
+        tmp = f"{folder}/.{name}.tmp"
+        pq.write_table(table, tmp, filesystem=fs)
+        fs.move(tmp, path)
+    else:
+        with_retries(lambda: pq.write_table(table, path, filesystem=fs), uri)
+
+
+def written_source_ids(uri: str, *, endpoint_url: str | None = None) -> set[str]:
+    """``source_id`` of every row in the parts already under the table folder ``uri`` (empty when none): what a
+    resumed ``embed`` skips."""
+    fs, path = resolve(uri, endpoint_url)
+    info = with_retries(lambda: fs.get_file_info(path), uri)
+    if info.type != pafs.FileType.Directory:
+        return set()
+    files = [f.path for f in with_retries(lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)), uri)
+             if f.type == pafs.FileType.File and f.path.endswith(".parquet") and not f.base_name.startswith(".")]
+    if not files:
+        return set()
+    table = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["source_id"])
+    return set(table.column("source_id").to_pylist())
 
 
 # ------------------------------------------------------------------------------------------ Ray Data

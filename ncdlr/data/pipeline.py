@@ -62,7 +62,7 @@ from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import GROUPS, checked_splits
 from ncdlr.data.shards import SCHEMA, check_shard, verify_with_stamp
 from ncdlr.data.storage import join, resolve
-from ncdlr.data.transforms import VIEW_DTYPES, EvalView, TrainViews, decode_pool, normalise_views, split_valid
+from ncdlr.data.transforms import VIEW_DTYPES, CachedViews, EvalView, TrainViews, decode_pool, normalise_views, split_valid
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +413,15 @@ def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
     ``[3,H,W]`` (``ncdlr.data.transforms.normalise_views`` for numpy consumers); with ``"float32"`` the decode
     tasks ship normalised float32 views."""
     return _decode(dataset, lambda threads: cfg.train_views(cfg.transfer_dtype, threads), cfg)
+
+
+def with_cached_views(dataset: Any, cfg: PipelineConfig, views: int, seed: int) -> Any:
+    """Rows → ``views`` (uint8 ``[V, 3, H, W]``: ``V`` training crops drawn from ``(seed, source_id)``, see
+    :class:`~ncdlr.data.transforms.CachedViews`), ``scaling``, the label columns and ``valid`` — the input of
+    the activation cache (``ncdlr embed --views V``)."""
+    return _decode(dataset, lambda threads: CachedViews(size=cfg.image_size, views=views, crop_scale=tuple(cfg.crop_scale),
+                                                        hflip_prob=cfg.hflip_prob, scaling=cfg.scaling, seed=seed,
+                                                        threads=threads), cfg)
 
 
 def with_eval_view(dataset: Any, cfg: PipelineConfig) -> Any:

@@ -22,6 +22,7 @@ The Ray pipeline ships uint8 through the object store and normalises on the cons
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import logging
 import math
@@ -191,6 +192,17 @@ def random_resized_crop_box(width: int, height: int, scale: tuple[float, float],
     return left, top, left + w, top + h
 
 
+def augmented_view(image: Image.Image, size: int, crop_scale: tuple[float, float], hflip_prob: float,
+                   rng: np.random.Generator) -> np.ndarray:
+    """One training view: RandomResizedCrop to ``size`` px (bilinear), then a horizontal flip with probability
+    ``hflip_prob``; uint8 ``[size, size, 3]``."""
+    box = random_resized_crop_box(image.width, image.height, crop_scale, rng)
+    view = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
+    if rng.random() < hflip_prob:
+        view = view.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(view)
+
+
 @functools.lru_cache(maxsize=None)
 def decode_pool(threads: int) -> ThreadPoolExecutor:
     """One pool of ``threads`` decode threads per size per process (a Ray worker reuses it across batches and
@@ -229,11 +241,7 @@ class TrainViews:
         return 2 * 3 * self.size * self.size * np.dtype(self.dtype).itemsize
 
     def _view(self, image: Image.Image, rng: np.random.Generator) -> np.ndarray:
-        box = random_resized_crop_box(image.width, image.height, self.crop_scale, rng)
-        view = image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=box)
-        if rng.random() < self.hflip_prob:
-            view = view.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return np.asarray(view)
+        return augmented_view(image, self.size, self.crop_scale, self.hflip_prob, rng)
 
     def __call__(self, batch: Batch) -> Batch:
         """``batch["image"]``: N encoded images → the batch without ``image``, plus ``view1``, ``view2``,
@@ -261,6 +269,64 @@ class TrainViews:
         out = {key: value for key, value in batch.items() if key != "image"}
         for name, view in (("view1", pixels[0]), ("view2", pixels[1])):
             _finish(out, name, view, valid, self.scaling, self.dtype)
+        out["valid"] = valid
+        return out
+
+
+def image_seed(seed: int, source_id: str) -> np.random.SeedSequence:
+    """The augmentation stream of one image: a function of ``seed`` and its ``source_id`` only, so the cached
+    views of an image are the same however the images are batched, ordered or resumed."""
+    digest = hashlib.sha256(str(source_id).encode()).digest()
+    return np.random.SeedSequence([int(seed), *np.frombuffer(digest[:16], dtype=np.uint32).tolist()])
+
+
+@dataclass(frozen=True)
+class CachedViews:
+    """``views`` training views per image for the activation cache: uint8 ``views`` ``[N, V, 3, S, S]``, ``valid``
+    ``[N]`` and ``scaling`` (the model normalises). The same augmentation as :class:`TrainViews`, drawn from
+    :func:`image_seed` ``(seed, source_id)`` (the batch must carry ``source_id``)."""
+
+    size: int = 224
+    views: int = 8
+    crop_scale: tuple[float, float] = (0.5, 1.0)
+    hflip_prob: float = 0.5
+    scaling: str = "imagenet"
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        _scale_and_shift(self.scaling)
+        if self.views < 1:
+            raise ValueError(f"views must be >= 1, got {self.views}")
+
+    @property
+    def pixel_bytes_per_row(self) -> int:
+        return self.views * 3 * self.size * self.size
+
+    def __call__(self, batch: Batch) -> Batch:
+        images, ids = batch["image"], batch["source_id"]
+        n = len(images)
+        pixels = np.zeros((n, self.views, self.size, self.size, 3), np.uint8)
+        valid = np.zeros(n, dtype=bool)
+        min_side = int(math.ceil(self.size / math.sqrt(self.crop_scale[0])))
+
+        def one(i: int) -> None:
+            image = decode_rgb(images[i], min_side=min_side)
+            if image is None:
+                return
+            rng = np.random.default_rng(image_seed(self.seed, ids[i]))
+            valid[i] = True
+            for v in range(self.views):
+                pixels[i, v] = augmented_view(image, self.size, self.crop_scale, self.hflip_prob, rng)
+
+        if self.threads > 1 and n > 1:
+            list(decode_pool(self.threads).map(one, range(n)))
+        else:
+            for i in range(n):
+                one(i)
+        out = {key: value for key, value in batch.items() if key != "image"}
+        out["views"] = np.ascontiguousarray(pixels.transpose(0, 1, 4, 2, 3))
+        out["scaling"] = np.full(n, self.scaling, dtype=object)
         out["valid"] = valid
         return out
 

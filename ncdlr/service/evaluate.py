@@ -38,8 +38,11 @@ def _test_inputs(cfg: Config, data: TrainingData, split: str) -> tuple[list[torc
     if data.features is not None:
         if split not in data.features.features:
             raise ValueError(f"the run's feature table {cfg.data.features!r} has no {split!r} split")
+        from ncdlr.data.features import first_view
+
         x = data.features.features[split]
-        return list(x.split(cfg.data.eval_batch_size)), data.features.labels[split].numpy(), None
+        return ([first_view(part) for part in x.split(cfg.data.eval_batch_size)], data.features.labels[split].numpy(),
+                None)
     from ncdlr.data import pipeline
 
     raw = pipeline.load_splits(cfg.data.uri, [split], endpoint_url=cfg.data.endpoint_url or None,

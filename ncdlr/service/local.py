@@ -17,11 +17,12 @@ import numpy as np
 import torch
 
 from ncdlr.buffer import LocalBuffer
-from ncdlr.data.features import FeatureSplits
+from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.methods import Method, build_method, posthoc_scores
 from ncdlr.metrics import cluster_accuracy
 
 from .config import Config
+from .run_data import model_for_table
 
 
 @dataclass
@@ -68,8 +69,9 @@ def train(cfg: Config, splits: FeatureSplits) -> TrainedRun:
 
     start = time.perf_counter()
     torch.manual_seed(cfg.run.seed)
-    cfg.model.encoder, cfg.model.feature_dim = "identity", splits.dim
-    model = build_model(cfg.model, splits.num_known, splits.num_novel)
+    cfg.model.encoder = "identity"  # the table's input: embeddings, or the cached encoder (model_for_table)
+    model_for_table(cfg, splits)
+    model = build_model(cfg.model, splits.num_known, splits.num_novel, image_size=cfg.data.image_size)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)
     state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits))
     for epoch in range(cfg.optim.epochs):
@@ -78,9 +80,12 @@ def train(cfg: Config, splits: FeatureSplits) -> TrainedRun:
 
 
 @torch.no_grad()
-def embed(model, x: torch.Tensor, batch: int = 4096) -> torch.Tensor:
-    """``[N, D]`` unit embeddings of features ``x [N, d_in]``."""
-    return torch.cat([model(part).float() for part in x.split(batch)]) if len(x) else x.new_zeros(0, model.head.out_dim)
+def embed(model, x: torch.Tensor, batch: int = 1024) -> torch.Tensor:
+    """``[N, D]`` unit embeddings of a table's rows ``x``: features ``[N, d_in]`` or cached activations
+    ``[N, V, *shape]`` (view 0, :func:`~ncdlr.data.features.first_view`)."""
+    if not len(x):
+        return torch.zeros(0, model.head.out_dim)
+    return torch.cat([model(first_view(part)).float() for part in x.split(batch)])
 
 
 def evaluate(run: TrainedRun, splits, split: str = "test", posthoc: tuple[str, ...] = ("none", "la", "crt"),

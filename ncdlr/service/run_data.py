@@ -55,6 +55,41 @@ def load_training_data(data: DataConfig) -> TrainingData:
     return TrainingData(summary, manifest=manifest)
 
 
+def model_for_table(cfg: Config, splits: FeatureSplits) -> None:
+    """Point ``cfg.model`` (and ``cfg.data.image_size``) at the feature table the run trains on.
+
+    An embedding table: the encoder's input is the embedding (``model.feature_dim`` = its width ``D``). An
+    activation cache (``ncdlr embed --trainable-blocks B``): the table's encoder, split at its last ``B`` blocks
+    (``model.cached_blocks``), at the table's image size; ``model.encoder`` must be that encoder (or
+    ``identity``, what a bare ``--features`` sets, replaced by it) and ``model.trainable_blocks`` between 0 and
+    ``B``. Raises ``ValueError`` naming the table's values otherwise.
+    """
+    if not splits.is_activations:
+        cfg.model.feature_dim = splits.dim
+        return
+    meta = splits.metadata
+    where = f"activation cache {cfg.data.features or '(in memory)'}"
+    if cfg.model.encoder in ("identity", meta["encoder"]):
+        cfg.model.encoder = meta["encoder"]
+    else:
+        raise ValueError(f"{where} holds {meta['encoder']!r} activations, but model.encoder is {cfg.model.encoder!r}")
+    if cfg.model.pretrained and cfg.model.pretrained != meta.get("pretrained", ""):
+        raise ValueError(f"{where} was made with pretrained={meta.get('pretrained', '')!r}, but model.pretrained is "
+                         f"{cfg.model.pretrained!r}: the trained blocks must start from the weights of the cached stem")
+    cfg.model.pretrained = meta.get("pretrained", "")
+    blocks = int(meta["cached_blocks"])
+    if not 0 <= cfg.model.trainable_blocks <= blocks:
+        raise ValueError(f"{where} holds the input of the encoder's last {blocks} block(s); model.trainable_blocks "
+                         f"{cfg.model.trainable_blocks} cannot be trained on it (use 0..{blocks}, or embed with "
+                         "--trainable-blocks set to the blocks to train)")
+    few = {split: splits.views(split) for split in ("known", "novel") if splits.views(split) < 2}
+    if few:
+        raise ValueError(f"{where} caches {few} view(s) per training image; a step needs two different views "
+                         "(ncdlr embed --views 2 or more)")
+    cfg.model.cached_blocks, cfg.model.feature_dim = blocks, 0
+    cfg.data.image_size = int(meta["image_size"])
+
+
 def pipeline_config(cfg: Config, *, eval_mode: bool = False):
     """The data plane's :class:`~ncdlr.data.pipeline.PipelineConfig` for this run's encoder and sizes."""
     from ncdlr.data import pipeline

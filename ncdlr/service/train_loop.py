@@ -225,7 +225,9 @@ def feature_batches(splits: FeatureSplits, data: DataConfig, seed: int, epoch: i
 
     Global batch ``s`` is rows ``[s·W·B, (s+1)·W·B)`` of the epoch's permutation; rank ``r`` takes its
     ``r``-th block of ``B``, so the concatenation over ranks is the single-process batch of size ``W·B``.
-    The two views add Gaussian noise of std ``data.feature_noise`` (seeded per step and rank).
+    Embeddings ``[N, D]``: the two views add Gaussian noise of std ``data.feature_noise`` (seeded per step and
+    rank). Cached activations ``[N, V, *shape]`` (float16): the two views are two *different* cached crops of
+    each image, drawn per step and rank, as float32.
     """
     b = data.batch_size
     known_x, known_y = splits.features["known"], splits.labels["known"]
@@ -243,6 +245,11 @@ def feature_batches(splits: FeatureSplits, data: DataConfig, seed: int, epoch: i
         view_gen = torch.Generator().manual_seed(((seed * 1009 + epoch) * 100003 + s) * 131 + rank)
 
         def views(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if x.dim() > 2:  # [b, V, *shape]: view v and a different view w of each row
+                rows, count = torch.arange(x.shape[0]), x.shape[1]
+                v = torch.randint(0, count, (x.shape[0],), generator=view_gen)
+                w = (v + torch.randint(1, count, (x.shape[0],), generator=view_gen)) % count
+                return x[rows, v].float(), x[rows, w].float()
             if noise <= 0:
                 return x, x
             return (x + noise * torch.randn(x.shape, generator=view_gen),

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import Config, save_config
-from .run_data import TrainingData, load_training_data, pipeline_config
+from .run_data import TrainingData, load_training_data, model_for_table, pipeline_config
 
 
 def resolve_use_gpu(setting: str) -> bool:
@@ -171,7 +171,7 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
 
     data = load_training_data(cfg.data)
     if data.features is not None:
-        cfg.model.feature_dim = data.summary.feature_dim
+        model_for_table(cfg, data.features)
     preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint, shards
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ import torch
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from ncdlr.data.features import FeatureSplits
+from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.data.storage import is_s3, join
 
 from .config import Config, ConfigError, from_dict, save_config
@@ -160,7 +160,7 @@ class ScoringRows:
 
     @classmethod
     def of(cls, splits: FeatureSplits) -> ScoringRows:
-        return cls(splits.features[SCORING_SPLIT], splits.labels[SCORING_SPLIT].numpy(), splits.num_known,
+        return cls(first_view(splits.features[SCORING_SPLIT]), splits.labels[SCORING_SPLIT].numpy(), splits.num_known,
                    splits.num_novel, splits.train_counts())
 
 
@@ -207,7 +207,7 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
     from .num_novel import model_num_novel
-    from .run_data import load_training_data
+    from .run_data import load_training_data, model_for_table
     from .trainer import run_torch_trainer
 
     os.environ.update(env)
@@ -215,7 +215,7 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     trial_id = context.get_trial_id()
     cfg = settings.trial_config(config["gamma"], config["alpha"], Path(context.get_trial_dir()) / "run")
     data = load_training_data(cfg.data)
-    cfg.model.feature_dim = data.summary.feature_dim
+    model_for_table(cfg, data.features)
     save_config(cfg, Path(cfg.run.output) / "config.yaml")
 
     workers, use_gpu = settings.workers, settings.gpus_per_trial > 0

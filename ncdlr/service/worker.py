@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from ncdlr.data.features import FeatureSplits
+from ncdlr.data.features import FeatureSplits, first_view
 
 from .config import Config
 from .console import EpochLog
@@ -141,7 +141,7 @@ def validate(state: WorkerState, splits: FeatureSplits) -> dict[str, float]:
 
     from .train_loop import predict
 
-    pred = predict(state.model, splits.features["val"].split(1024), state.device)
+    pred = predict(state.model, (first_view(x) for x in splits.features["val"].split(1024)), state.device)
     scores = cluster_accuracy(splits.labels["val"].numpy(), pred, splits.num_known)
     return {f"val_{key}": float(scores[key]) for key in ("all", "known", "novel")}
 
