@@ -13,6 +13,11 @@ Datasets
                long tail; test = the prepared hold-out. Head: linear 1280→128 (trainable), features scaled to
                unit mean norm. Same seed → same data; the seed changes init, batches and view noise.
 
+  openclipart-cached  the paper's regime on CPU: the same OpenClipart-LT images through the activation cache
+               (``ncdlr embed --encoder efficientnet_lite0 --image-size 160 --trainable-blocks 1 --views 8``):
+               efficientnet_lite0's last block + a linear head trained on two different cached random crops
+               of each image per step; configs/openclipart.yaml's settings (batch 64, lr 1e-3, γ 10, buffer 512).
+
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
   classes' imbalance n_max/n_min), and the ablations ncdlr-uniform (= ladder "+EP"), ladder-buffer (learnable
@@ -21,9 +26,9 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   classes' imbalance, instead of towards uniform). Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
-  .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart --seeds 5 \\
-      [--features /work/cache/openclipart-lt-lite0-160.parquet] [--variants ...] [--epochs N] \\
-      [--results /work/cache/quality] [--out docs/results.md]
+  .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
+      [--features /work/cache/openclipart-lt-lite0-160.parquet] [--activations /work/cache/oc-lite0-160-b1-v8] \\
+      [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md]
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
 processes and resumed; the tables are rendered from every cached result of the requested grid.
 """
@@ -94,6 +99,12 @@ def openclipart_splits(path: str) -> FeatureSplits:
 def dataset_config(name: str, epochs: int | None) -> Config:
     """The shared budget of a dataset (every variant starts from it)."""
     cfg = Config()
+    if name == "openclipart-cached":  # configs/openclipart.yaml, on the activation cache
+        cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512
+        cfg.model.head, cfg.model.trainable_blocks = "linear", 1
+        cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 10, 1e-3, 1e-4, 1
+        cfg.optim.epochs = epochs or cfg.optim.epochs
+        return cfg
     cfg.data.batch_size = 128
     cfg.labeler.gamma = 10.0  # = 0.5·Ku (Ku ≈ 20): the paper's γ/Ku at iNat scale (method.md §4 trap a)
     cfg.optim.weight_decay = 1.5e-4
@@ -203,12 +214,17 @@ def write_between_markers(path: Path, table: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", nargs="+", default=["synthetic", "openclipart"], choices=["synthetic", "openclipart"])
+    parser.add_argument("--datasets", nargs="+", default=["synthetic", "openclipart"],
+                        choices=["synthetic", "openclipart", "openclipart-cached"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (≥ 3 for mean ± std; docs/results.md uses 5)")
     parser.add_argument("--epochs", type=int, default=None, help="override every dataset's epochs (smoke runs)")
     parser.add_argument("--features", default="/work/cache/openclipart-lt-lite0-160.parquet",
                         help="OpenClipart-LT feature table from `ncdlr embed --encoder efficientnet_lite0 --image-size 160`")
+    parser.add_argument("--activations", default="/work/cache/oc-lite0-160-b1-v8",
+                        help="OpenClipart-LT activation cache (`ncdlr embed ... --trainable-blocks 1 --views 8`)")
+    parser.add_argument("--only-seeds", type=int, nargs="+", default=None,
+                        help="run only these of the seeds (split a grid over processes; tables use every cached seed)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="per-cell JSON cache")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file for the tables (e.g. docs/results.md)")
     parser.add_argument("--render-only", action="store_true", help="only render the cached cells")
@@ -218,15 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     cells = []
     for dataset in args.datasets:
-        fixed = openclipart_splits(args.features) if dataset == "openclipart" and not args.render_only else None
+        fixed = None
+        if not args.render_only and dataset == "openclipart":
+            fixed = openclipart_splits(args.features)
+        elif not args.render_only and dataset == "openclipart-cached":
+            from ncdlr.data.features import read_feature_table
+
+            fixed = read_feature_table(args.activations)
         for seed in range(args.seeds):
-            splits = fixed if dataset == "openclipart" else (None if args.render_only else synthetic_splits(seed))
+            skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)
+            splits = fixed if dataset.startswith("openclipart") else (None if skip else synthetic_splits(seed))
             for variant in args.variants:
                 path = cell_path(args.results, dataset, variant, seed, args.epochs)
                 if path.is_file():
                     cells.append(json.loads(path.read_text()))
                     continue
-                if args.render_only:
+                if args.render_only or (args.only_seeds is not None and seed not in args.only_seeds):
                     continue
                 cell = run_cell(dataset, variant, seed, splits, args.epochs)
                 path.write_text(json.dumps(cell))

@@ -462,6 +462,9 @@ def load_feature_table(uri: str, splits: Iterable[str] = ("known", "novel", "tes
 
     splits = checked_splits(splits)
     fs, files, schema = _open(uri, endpoint_url)
+    if _data_column(schema) != "embedding":
+        raise FeatureTableError(f"{uri} is an activation cache: read it with read_feature_table (training reads it "
+                                "whole, in memory)")
     columns = [c for c in (*FEATURE_COLUMNS, *OPTIONAL_COLUMNS) if c in schema.names]
     sizes = [with_retries(lambda f=f: fs.get_file_info(f), uri).size for f in files]
     return {split: ray.data.read_datasource(ShardDatasource(fs, files, sizes=sizes, columns=columns, split=split))

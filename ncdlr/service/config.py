@@ -81,6 +81,7 @@ class RunConfig:
 
     output: str = "runs/latest"  #: run directory (config.yaml, metrics.json, report, TensorBoard)
     storage_path: str = ""  #: Ray Train checkpoint storage (local or s3://); empty → <output>/ray
+    shared_storage: bool = False  #: a local storage_path is a filesystem every node mounts (NFS, ...): needed for a local path on a multi-node cluster
     name: str = "ncdlr"
     num_workers: int = 1
     use_gpu: str = "auto"  #: "auto" | "true" | "false"

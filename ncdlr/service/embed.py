@@ -15,6 +15,8 @@ import torch
 
 from ncdlr.data.features import write_feature_table
 
+from .config import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -154,7 +156,7 @@ def _check_resumable(out_uri: str, meta: dict, endpoint_url: str | None) -> set[
         keys = ("encoder", "pretrained", "image_size", "cached_blocks", "views", "crop_scale", "seed", "dataset", "shape")
         changed = {k: (old.get(k), meta[k]) for k in keys if old.get(k) != meta[k]}
         if changed:
-            raise ValueError(f"{out_uri} already holds an activation cache made with other settings "
+            raise ConfigError(f"{out_uri} already holds an activation cache made with other settings "
                              f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
                              "choose another --out or delete it")
     return done
@@ -187,7 +189,7 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
     from ncdlr.models import input_scaling
 
     if views < 2:
-        raise ValueError(f"--views {views}: two different cached views per image are the two views of a step; "
+        raise ConfigError(f"--views {views}: two different cached views per image are the two views of a step; "
                          "cache at least 2")
     manifest = read_manifest(data_uri, endpoint_url)
     present = [s for s in splits if manifest.split_counts.get(s, 0) > 0]

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .config import ConfigError
+
 log = logging.getLogger(__name__)
 
 ESTIMATE_FILE = "num_novel.json"
@@ -51,11 +53,11 @@ def fixed_prior_counts(cfg, summary) -> torch.Tensor | None:
         return None
     ku = model_num_novel(cfg, summary)
     if ku != summary.num_novel:
-        raise ValueError(f"labeler.prior=fixed (oracle true novel counts) needs model.num_novel = the data's "
+        raise ConfigError(f"labeler.prior=fixed (oracle true novel counts) needs model.num_novel = the data's "
                          f"{summary.num_novel} novel classes, got {ku}; use another prior or model.num_novel=0")
     counts = summary.train_counts[summary.num_known:summary.num_known + summary.num_novel]
     if len(counts) != summary.num_novel or sum(counts) <= 0:
-        raise ValueError(f"labeler.prior=fixed: the data's training counts of its {summary.num_novel} novel classes "
+        raise ConfigError(f"labeler.prior=fixed: the data's training counts of its {summary.num_novel} novel classes "
                          f"are missing or all zero ({counts})")
     return torch.tensor(counts, dtype=torch.float32)
 

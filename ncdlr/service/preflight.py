@@ -8,7 +8,8 @@ entry points as one line with exit code 2:
 
 1. local paths (``data.features``, ``data.uri``, ``run.resume``, ``run.storage_path``, ``run.output``,
    ``model.pretrained``) become absolute in the config — the Ray Train workers run in another directory —
-   and an input path that does not exist is refused;
+   an input path that does not exist is refused, and so is an output path inside Ray's temporary session
+   directory (a job submitted with ``--working-dir`` runs in a copy of it that is deleted with the cluster);
 2. the run directory: one that holds a run already (``config.yaml`` or ``metrics.json``) is refused unless
    ``run.overwrite`` or ``run.resume``;
 3. the test split exists when ``run.evaluate`` is true;
@@ -17,6 +18,9 @@ entry points as one line with exit code 2:
    names and shapes) and the labeler's ``Ku`` (the width of the buffer rows it saved);
 6. an image dataset's shards match their manifest (sha256 the first time, then the stamp it leaves:
    :func:`ncdlr.data.pipeline.verify_splits`), so a corrupt shard is named before training, not mid-epoch.
+
+Once Ray is up, :func:`check_cluster_storage` refuses a local checkpoint storage on a cluster of several nodes
+(the ranks' checkpoints would land on different machines) unless ``run.shared_storage`` says every node mounts it.
 """
 
 from __future__ import annotations
@@ -68,7 +72,33 @@ def absolute_paths(cfg: Config) -> None:
         path = Path(value).expanduser().resolve()
         if key in INPUT_PATHS and not path.exists() and not (key == "data.uri" and cfg.data.features):
             raise ConfigError(f"{key}: {value!r} does not exist (looked for {str(path)!r})")
+        if key in OUTPUT_PATHS and in_ray_session_dir(path):
+            raise ConfigError(f"{key}: {value!r} resolves to {str(path)!r}, inside Ray's temporary session directory "
+                              "(a job's copy of its --working-dir), which is deleted with the cluster: give an "
+                              "absolute path on lasting storage (--output /data/runs/NAME; checkpoints: "
+                              "--run.storage-path s3://BUCKET/runs)")
         setattr(getattr(cfg, section), name, str(path))
+
+
+def in_ray_session_dir(path: Path) -> bool:
+    """True for a path inside a Ray session's temporary files (``.../session_*/runtime_resources/...``, where a
+    submitted job's working directory is unpacked, or anywhere under a ``session_*`` folder of Ray's temp dir)."""
+    parts = path.parts
+    return any(part.startswith("session_") and i > 0 and parts[i - 1] in ("ray", "session_latest") or
+               part == "runtime_resources" for i, part in enumerate(parts))
+
+
+def check_cluster_storage(cfg: Config, nodes: int) -> None:
+    """On a Ray cluster of ``nodes`` > 1 alive nodes, Ray Train's checkpoint storage must be one every node
+    reaches: ``s3://`` (or another URI), or a local path marked ``run.shared_storage`` (a filesystem every node
+    mounts). A plain local path would leave each rank's checkpoint files on its own machine's disk."""
+    storage = cfg.run.storage_path or str(Path(cfg.run.output) / "ray")
+    if nodes <= 1 or not _is_local(storage) or cfg.run.shared_storage:
+        return
+    raise ConfigError(f"run.storage_path {storage!r} is a local path, but this Ray cluster has {nodes} nodes: each "
+                      "would keep its checkpoints on its own disk. Give storage every node reaches "
+                      "(--run.storage-path s3://BUCKET/runs) or, for a filesystem mounted on every node, "
+                      "--run.shared-storage true")
 
 
 def check_run_directory(cfg: Config) -> None:

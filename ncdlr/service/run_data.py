@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ncdlr.data.features import FeatureSplits
 from ncdlr.data.manifest import Manifest
 
-from .config import Config, DataConfig
+from .config import Config, ConfigError, DataConfig
 
 
 @dataclass
@@ -62,7 +62,7 @@ def model_for_table(cfg: Config, splits: FeatureSplits) -> None:
     activation cache (``ncdlr embed --trainable-blocks B``): the table's encoder, split at its last ``B`` blocks
     (``model.cached_blocks``), at the table's image size; ``model.encoder`` must be that encoder (or
     ``identity``, what a bare ``--features`` sets, replaced by it) and ``model.trainable_blocks`` between 0 and
-    ``B``. Raises ``ValueError`` naming the table's values otherwise.
+    ``B``. Raises :class:`ConfigError` naming the table's values otherwise.
     """
     if not splits.is_activations:
         cfg.model.feature_dim = splits.dim
@@ -72,19 +72,19 @@ def model_for_table(cfg: Config, splits: FeatureSplits) -> None:
     if cfg.model.encoder in ("identity", meta["encoder"]):
         cfg.model.encoder = meta["encoder"]
     else:
-        raise ValueError(f"{where} holds {meta['encoder']!r} activations, but model.encoder is {cfg.model.encoder!r}")
+        raise ConfigError(f"{where} holds {meta['encoder']!r} activations, but model.encoder is {cfg.model.encoder!r}")
     if cfg.model.pretrained and cfg.model.pretrained != meta.get("pretrained", ""):
-        raise ValueError(f"{where} was made with pretrained={meta.get('pretrained', '')!r}, but model.pretrained is "
+        raise ConfigError(f"{where} was made with pretrained={meta.get('pretrained', '')!r}, but model.pretrained is "
                          f"{cfg.model.pretrained!r}: the trained blocks must start from the weights of the cached stem")
     cfg.model.pretrained = meta.get("pretrained", "")
     blocks = int(meta["cached_blocks"])
     if not 0 <= cfg.model.trainable_blocks <= blocks:
-        raise ValueError(f"{where} holds the input of the encoder's last {blocks} block(s); model.trainable_blocks "
+        raise ConfigError(f"{where} holds the input of the encoder's last {blocks} block(s); model.trainable_blocks "
                          f"{cfg.model.trainable_blocks} cannot be trained on it (use 0..{blocks}, or embed with "
                          "--trainable-blocks set to the blocks to train)")
     few = {split: splits.views(split) for split in ("known", "novel") if splits.views(split) < 2}
     if few:
-        raise ValueError(f"{where} caches {few} view(s) per training image; a step needs two different views "
+        raise ConfigError(f"{where} caches {few} view(s) per training image; a step needs two different views "
                          "(ncdlr embed --views 2 or more)")
     cfg.model.cached_blocks, cfg.model.feature_dim = blocks, 0
     cfg.data.image_size = int(meta["image_size"])

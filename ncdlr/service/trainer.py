@@ -163,24 +163,35 @@ def fit(cfg: Config) -> dict:
 
 
 def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
-    """Read the data once and check everything that can be checked (:func:`~ncdlr.service.preflight.preflight`)
-    before anything is written; then write ``config.yaml``, start or join Ray and resolve ``model.num_novel``."""
+    """Read the data once and check everything that can be checked (:func:`~ncdlr.service.preflight.preflight`,
+    the oracle prior's ``Ku``) before Ray starts; start or join Ray and check the cluster's checkpoint storage
+    before anything is written; then write ``config.yaml`` and resolve ``model.num_novel``."""
     from .entry import init_ray
     from .num_novel import fixed_prior_counts, resolve_num_novel
-    from .preflight import preflight
+    from .preflight import check_cluster_storage, preflight
 
     data = load_training_data(cfg.data)
     if data.features is not None:
         model_for_table(cfg, data.features)
     preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint, shards
+    if cfg.model.num_novel != "auto":
+        fixed_prior_counts(cfg, data.summary)  # prior=fixed with a Ku other than the data's: refused before Ray
+    init_ray(cpus_needed=cfg.run.num_workers * cfg.run.cpus_per_worker + 2, verbose=cfg.run.verbose)
+    check_cluster_storage(cfg, alive_nodes())  # a multi-node cluster needs storage every node reaches
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
     save_config(cfg, output / "config.yaml")
-    init_ray(cpus_needed=cfg.run.num_workers * cfg.run.cpus_per_worker + 2, verbose=cfg.run.verbose)
     if resolve_num_novel(cfg, data, output) is not None:  # model.num_novel=auto → the estimate, saved
         save_config(cfg, output / "config.yaml")
     fixed_prior_counts(cfg, data.summary)  # refuse prior=fixed with a Ku other than the data's before Ray Train starts
     return data, output
+
+
+def alive_nodes() -> int:
+    """Alive nodes of the Ray cluster this process is connected to."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
 def train_with_ray(cfg: Config, data: TrainingData, output: Path):

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ncdlr.data.features import FeatureSplits, FeatureTableError, read_feature_table, read_metadata, write_feature_table
+from ncdlr.data.features import (FeatureSplits, FeatureTableError, read_feature_table, read_metadata, write_feature_table,
+                                 write_table_part)
 from ncdlr.metrics import cluster_accuracy, head_medium_tail
 
 from .config import ConfigError
@@ -189,8 +190,14 @@ def validation_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationC
         num_known=len(pseudo_known), num_novel=len(pseudo_novel),
         class_names=[splits.class_names[c] for c in pseudo_known + pseudo_novel],
         source_ids={name: [i for i, keep in zip(source_ids, mask) if keep] for name, mask in masks.items()},
-        metadata={"validation": asdict(info)})
+        metadata={**{k: v for k, v in splits.metadata.items() if k in CACHE_KEYS}, "validation": asdict(info)},
+        activation_shape=splits.activation_shape)
     return validation, info
+
+
+#: what an activation cache's metadata says about its encoder; kept in a validation problem made from one
+CACHE_KEYS = ("kind", "encoder", "pretrained", "image_size", "cached_blocks", "shape", "views", "crop_scale", "seed",
+              "dataset")
 
 
 def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig = ValidationConfig(),
@@ -217,6 +224,18 @@ def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig 
         num_novel = int(known.metadata["num_novel"])
     validation, info = validation_splits(known, cfg, num_novel, source=source_uri)
     names = ("known", "novel", SCORING_SPLIT)
+    if validation.is_activations:  # one part holding every split, with the cache's encoder metadata
+        views = {s: validation.views(s) for s in names}
+        if len(set(views.values())) > 1:  # val rows come from the known split: same views everywhere
+            raise FeatureTableError(f"{source_uri}: validation splits hold unequal views {views}")
+        write_table_part(out_uri, torch.cat([validation.features[s] for s in names]).numpy(),
+                         torch.cat([validation.labels[s] for s in names]).numpy(),
+                         sum(([s] * len(validation.labels[s]) for s in names), []),
+                         source_ids=sum((validation.source_ids[s] for s in names), []),
+                         class_names=validation.class_names,
+                         metadata={**validation.metadata, "views": views, "num_known": validation.num_known,
+                                   "num_novel": validation.num_novel})
+        return info
     write_feature_table(out_uri, torch.cat([validation.features[s] for s in names]).numpy(),
                         torch.cat([validation.labels[s] for s in names]).numpy(),
                         sum(([s] * len(validation.labels[s]) for s in names), []),

@@ -259,3 +259,27 @@ def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tm
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "cached_blocks: 1" in config and "encoder: tiny_cnn" in config
     shutil.rmtree(tmp_path / "run" / "ray", ignore_errors=True)
+
+
+def test_a_validation_table_of_an_activation_cache_keeps_the_encoder_and_only_known_rows(tmp_path):
+    """The γ search's validation problem from a cache (``build_validation_table``): an activation table of the
+    known rows only, which trains with the cache's encoder."""
+    from ncdlr.service.validation import ValidationConfig, build_validation_table
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), [8, 6, 5, 4])
+    folder = tmp_path / "cache"
+    write_table_part(f"{folder}/part-0.parquet", rng.standard_normal((len(labels), 3, 32, 8, 8)).astype(np.float16),
+                     labels, ["known"] * len(labels), source_ids=[f"k{i:03d}" for i in range(len(labels))],
+                     class_names=[str(i) for i in range(6)], metadata={**META, "num_known": 4, "num_novel": 2})
+    write_table_part(f"{folder}/part-1.parquet", np.zeros((2, 3, 32, 8, 8), np.float16), np.array([4, 5]),
+                     ["novel"] * 2, source_ids=["n0", "n1"], class_names=[str(i) for i in range(6)],
+                     metadata={**META, "num_known": 4, "num_novel": 2})
+    info = build_validation_table(str(folder), str(tmp_path / "val.parquet"),
+                                  ValidationConfig(pseudo_novel_fraction=0.5, min_pseudo_novel=2))
+    table = read_feature_table(str(tmp_path / "val.parquet"))
+    assert table.is_activations and table.metadata["encoder"] == "tiny_cnn" and table.views("val") == 3
+    assert sum(info.split_counts.values()) == len(labels)  # every known row, no novel row
+    cfg = _identity()
+    model_for_table(cfg, table)
+    assert cfg.model.encoder == "tiny_cnn" and cfg.model.cached_blocks == 1

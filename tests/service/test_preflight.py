@@ -138,6 +138,40 @@ def test_a_dataset_with_a_flipped_byte_in_a_shard_is_refused_naming_the_shard(tm
 
 
 # ---------------------------------------------------------------- 3. model.num_novel against the data
+def test_an_output_inside_rays_temporary_job_directory_is_refused(tmp_path, table, monkeypatch, capsys, no_ray):
+    """``ray job submit --working-dir .`` runs the job in Ray's temporary copy of that directory: a relative
+    ``--output`` would land there and vanish with the cluster (issue 17, defect 9)."""
+    job_dir = tmp_path / "ray" / "session_2026-11-26_10-00-00_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_1"
+    job_dir.mkdir(parents=True)
+    monkeypatch.chdir(job_dir)
+    err = refused(capsys, "--features", table, "--output", "runs/x")
+    assert "run.output: 'runs/x' resolves to" in err and "deleted with the cluster" in err
+    assert not (job_dir / "runs").exists()
+
+
+def test_the_oracle_prior_with_another_ku_is_refused_before_ray(tmp_path, table, capsys, no_ray):
+    err = refused(capsys, "--features", table, "--output", str(tmp_path / "run"), "--num-novel", "3",
+                  "--labeler.prior", "fixed")
+    assert "labeler.prior=fixed" in err and "got 3" in err
+
+
+@pytest.mark.parametrize("storage,shared,nodes,ok", [("", False, 1, True), ("", False, 2, False), ("", True, 2, True),
+                                                     ("s3://bucket/runs", False, 3, True),
+                                                     ("/mnt/nfs/runs", False, 2, False)])
+def test_local_checkpoint_storage_on_a_multi_node_cluster_needs_shared_storage(tmp_path, storage, shared, nodes, ok):
+    """Issue 17, defect 10 (the rule; the simulated two-node run in test_trainer_e2e meets it through ``fit``)."""
+    from ncdlr.service.config import ConfigError
+    from ncdlr.service.preflight import check_cluster_storage
+
+    cfg = Config()
+    cfg.run.output, cfg.run.storage_path, cfg.run.shared_storage = str(tmp_path / "run"), storage, shared
+    if ok:
+        check_cluster_storage(cfg, nodes)
+    else:
+        with pytest.raises(ConfigError, match=f"this Ray cluster has {nodes} nodes"):
+            check_cluster_storage(cfg, nodes)
+
+
 def test_one_novel_cluster_is_refused(tmp_path, table, capsys, no_ray):
     err = refused(capsys, "--features", table, "--output", str(tmp_path / "run"), "--num-novel", "1")
     assert "model.num_novel=1" in err and "at least 2" in err

@@ -111,6 +111,13 @@ cfg.model.encoder, cfg.model.head = "identity", "mlp"
 cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 64
 cfg.optim.epochs, cfg.optim.warmup_epochs = 2, 1
 cfg.run.num_workers, cfg.run.cpus_per_worker, cfg.run.output = 2, 1.5, sys.argv[2]  # 1.5 CPU: one worker per node
+try:  # two nodes and a local checkpoint path: refused before training
+    fit(cfg)
+    print("REFUSED none")
+except ValueError as err:
+    print("REFUSED " + str(err).replace("\n", " "))
+import os; assert not os.path.exists(sys.argv[2]), "a refused run wrote its directory"
+cfg.run.shared_storage = True  # honest here: the simulated nodes share one disk
 result = fit(cfg)
 nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
 print("RESULT " + json.dumps({"metrics": result["metrics"], "test": result["test"], "nodes": len(nodes)}))
@@ -126,6 +133,8 @@ def test_same_run_on_a_simulated_two_node_cluster(feature_table, tmp_path):
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(line[len("RESULT "):])
+    refused = next(l for l in proc.stdout.splitlines() if l.startswith("REFUSED "))
+    assert "is a local path, but this Ray cluster has 2 nodes" in refused, refused
     assert result["nodes"] == 2
     assert result["metrics"]["epoch"] == 2 and result["metrics"]["tau_rank_spread"] == 0.0
     assert 0.0 <= result["test"]["novel"] <= 1.0
