@@ -137,13 +137,37 @@ def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits,
 
 # -- grid ----------------------------------------------------------------------------------------------------
 
-def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None) -> dict:
+def clustering_trace(splits: FeatureSplits, trace: list[dict]):
+    """An ``on_epoch`` hook recording how the novel TRAINING rows are clustered after each epoch (a diagnosis of
+    the seed spread; never used to select anything): class-mean accuracy of the argmax over the novel columns
+    against the true novel labels (Hungarian), the clusters that received rows, the largest cluster's share, τ."""
+    from ncdlr.metrics import cluster_accuracy
+    from ncdlr.service.local import embed
+
+    y = splits.labels["novel"].numpy() - splits.num_known
+
+    def on_epoch(epoch: int, run) -> None:
+        run.model.eval()
+        logits = run.method.predict_logits(run.model, embed(run.model, splits.features["novel"]))[:, splits.num_known:]
+        run.model.train()
+        pred = logits.argmax(1).numpy()
+        sizes = np.bincount(pred, minlength=logits.shape[1])
+        trace.append({"epoch": epoch, "novel_train_acc": cluster_accuracy(y, pred, 0)["all"],
+                      "clusters_used": int((sizes > 0).sum()), "largest_share": float(sizes.max() / len(pred)),
+                      "tau": run.tau_history[-1] if run.tau_history else None})
+
+    return on_epoch
+
+
+def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None,
+             trace: bool = False) -> dict:
     cfg = variant_config(dataset, variant, seed, splits, epochs)
     cpu = time.process_time()
     selection = {}
     if VARIANTS[variant].get("select", {}).get("gamma"):
         cfg.labeler.gamma, selection = select_gamma(cfg, splits)
-    trained = train(cfg, splits)
+    epochs_trace: list[dict] = []
+    trained = train(cfg, splits, on_epoch=clustering_trace(splits, epochs_trace) if trace else None)
     start = time.perf_counter()
     results = evaluate(trained, splits, posthoc=POSTHOC_OF.get(variant, ("none",)), temperature=cfg.method.temperature,
                        seed=seed)
@@ -153,11 +177,12 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "tau_final": tau[-1] if tau and learned_prior else None, "tau_max": max(tau) if tau and learned_prior else None,
             "tau_history": tau[:: max(1, len(tau) // 50)] if learned_prior else [],
             "train_s": trained.seconds, "cpu_s": time.process_time() - cpu, "eval_s": time.perf_counter() - start, "epochs": cfg.optim.epochs,
-            "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance}
+            "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance,
+            "trace": epochs_trace}
 
 
-def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None) -> Path:
-    return root / f"{dataset}-{variant}-s{seed}{f'-e{epochs}' if epochs else ''}.json"
+def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None, trace: bool = False) -> Path:
+    return root / f"{dataset}-{variant}-s{seed}{f'-e{epochs}' if epochs else ''}{'-trace' if trace else ''}.json"
 
 
 def fmt(values: list[float]) -> str:
@@ -200,11 +225,15 @@ def render(cells: list[dict], datasets: list[str], variants: list[str], header: 
     return "\n".join(lines) + "\n"
 
 
-BEGIN, END = "<!-- quality.py tables: begin -->", "<!-- quality.py tables: end -->"
+def markers(block: str = "") -> tuple[str, str]:
+    """The comment lines around a generated block of tables (``block`` names one of several in a file)."""
+    name = f"quality.py tables{f' ({block})' if block else ''}"
+    return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
 
 
-def write_between_markers(path: Path, table: str) -> None:
-    """Replace the generated block of ``path`` (between the markers), keeping the hand-written analysis."""
+def write_between_markers(path: Path, table: str, block: str = "") -> None:
+    """Replace the generated block ``block`` of ``path`` (between its markers), keeping the hand-written analysis."""
+    BEGIN, END = markers(block)
     text = path.read_text() if path.is_file() else f"# Discovery quality\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text or END not in text:
         text += f"\n{BEGIN}\n{END}\n"
@@ -228,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="per-cell JSON cache")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file for the tables (e.g. docs/results.md)")
     parser.add_argument("--render-only", action="store_true", help="only render the cached cells")
+    parser.add_argument("--block", default="", help="which generated block of --out to replace (e.g. 'cached'; "
+                                                    "default: the first, synthetic + openclipart)")
+    parser.add_argument("--trace", action="store_true",
+                        help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     args.results.mkdir(parents=True, exist_ok=True)
@@ -245,13 +278,13 @@ def main(argv: list[str] | None = None) -> int:
             skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)
             splits = fixed if dataset.startswith("openclipart") else (None if skip else synthetic_splits(seed))
             for variant in args.variants:
-                path = cell_path(args.results, dataset, variant, seed, args.epochs)
+                path = cell_path(args.results, dataset, variant, seed, args.epochs, args.trace)
                 if path.is_file():
                     cells.append(json.loads(path.read_text()))
                     continue
                 if args.render_only or (args.only_seeds is not None and seed not in args.only_seeds):
                     continue
-                cell = run_cell(dataset, variant, seed, splits, args.epochs)
+                cell = run_cell(dataset, variant, seed, splits, args.epochs, trace=args.trace)
                 path.write_text(json.dumps(cell))
                 cells.append(cell)
                 r = cell["results"]["none"]
@@ -263,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     table = render(cells, args.datasets, args.variants, header)
     print(table)
     if args.out:
-        write_between_markers(args.out, table)
+        write_between_markers(args.out, table, args.block)
     return 0
 
 

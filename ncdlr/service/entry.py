@@ -88,14 +88,24 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return ConfigError, MethodConfigError, FeatureTableError, DatasetFormatError, StorageError, CheckpointError
 
 
+class RunInterrupted(Exception):
+    """A run stopped by the user (SIGINT / Ctrl-C); the message says where its last checkpoint is."""
+
+
+EXIT_INTERRUPTED = 130  #: the shell's code for a process ended by SIGINT
+
+
 def run_main(prog: str, main: Callable[[], int], verbose: bool = False) -> int:
     """``main()``, with the errors of :func:`user_errors` as one line ``prog: message`` and exit code 2
-    (the traceback too with ``verbose``)."""
+    (the traceback too with ``verbose``), and an interrupted run as one line and exit code 130."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("botocore", "boto3", "urllib3"):  # "Found credentials in environment variables." on every client
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return main()
+    except RunInterrupted as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except user_errors() as err:
         if verbose:
             raise

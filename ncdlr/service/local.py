@@ -61,8 +61,10 @@ def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device |
     return build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device))
 
 
-def train(cfg: Config, splits: FeatureSplits) -> TrainedRun:
-    """Train ``cfg`` (method, model, labeler, optim, data.batch_size/feature_noise) on ``splits`` (known, novel)."""
+def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
+    """Train ``cfg`` (method, model, labeler, optim, data.batch_size/feature_noise) on ``splits`` (known, novel).
+
+    ``on_epoch(epoch, run)``: called after each epoch with the run so far (e.g. a trace of the clustering)."""
     from ncdlr.models import build_model
 
     from .train_loop import feature_batches, run_epoch, steps_per_epoch
@@ -76,6 +78,8 @@ def train(cfg: Config, splits: FeatureSplits) -> TrainedRun:
     state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits))
     for epoch in range(cfg.optim.epochs):
         run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)
+        if on_epoch is not None:
+            on_epoch(epoch + 1, TrainedRun(model, state.method, list(state.tau_history), time.perf_counter() - start))
     return TrainedRun(model.eval(), state.method, list(state.tau_history), time.perf_counter() - start)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import Config, save_config
+from .entry import RunInterrupted
 from .run_data import TrainingData, load_training_data, model_for_table, pipeline_config
 
 
@@ -187,6 +188,14 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     return data, output
 
 
+def interrupted_message(output: Path, checkpoint_path: str) -> str:
+    """What an interrupted run tells the user: where it stopped and how to go on."""
+    if not checkpoint_path:
+        return f"interrupted (SIGINT) before the first checkpoint; nothing to resume in {output}"
+    return (f"interrupted (SIGINT); last checkpoint {checkpoint_path} (also in {output / 'checkpoint.txt'}); go on "
+            f"with the same command plus --run.resume {checkpoint_path}")
+
+
 def alive_nodes() -> int:
     """Alive nodes of the Ray cluster this process is connected to."""
     import ray
@@ -224,13 +233,16 @@ def train_with_ray(cfg: Config, data: TrainingData, output: Path):
                                      failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
                 **_datasets(cfg, data),
             )
-    except BaseException:  # failed or interrupted (SIGINT): point checkpoint.txt at what the run saved
+    except BaseException as err:  # failed or interrupted (SIGINT): point checkpoint.txt at what the run saved
         try:
             checkpoint_path = latest_checkpoint(cfg, run_name)
         except Exception:  # storage unreachable: the run's own error is the one to show
             checkpoint_path = ""
         if checkpoint_path:
             (output / "checkpoint.txt").write_text(checkpoint_path + "\n")
+        # Ray Train's own SIGINT handler aborts the run and ends with sys.exit; Ctrl-C elsewhere is KeyboardInterrupt
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise RunInterrupted(interrupted_message(output, checkpoint_path)) from None
         raise
     checkpoint_path = _checkpoint_uri(cfg, result.checkpoint.path) if result.checkpoint is not None else ""
     (output / "checkpoint.txt").write_text(checkpoint_path + "\n")

@@ -110,3 +110,30 @@ def test_a_failed_run_names_its_last_checkpoint_and_resumes_from_it(ray_local, t
     assert resumed["metrics"]["epoch"] == EPOCHS
     for key in ("all", "known", "novel"):
         assert resumed["test"][key] == pytest.approx(uninterrupted["test"][key], abs=1e-6), key
+
+
+def test_sigint_ends_the_cli_with_one_line_naming_the_checkpoint_and_exit_130(table, tmp_path):
+    """Ctrl-C during ``ncdlr train`` (a real process, its own local Ray): Ray Train's handler aborts the run;
+    the CLI writes ``checkpoint.txt``, prints one line naming the last checkpoint and how to resume, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    output = tmp_path / "run"
+    cli = [sys.executable, "-m", "ncdlr.cli", "train", "--features", table, "--output", str(output),
+           "--batch-size", "8", "--epochs", "200", "--buffer-size", "64"]
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    deadline = time.monotonic() + 300
+    while not checkpoints(output) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert checkpoints(output), "no checkpoint within 300 s"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith("ncdlr train:")]
+    assert len(lines) == 1 and "interrupted (SIGINT); last checkpoint" in lines[0] and "Traceback" not in err
+    named = (output / "checkpoint.txt").read_text().strip()
+    assert named in lines[0] and f"--run.resume {named}" in lines[0]
+    assert load_checkpoint(named)["epoch"] >= 1
