@@ -16,7 +16,7 @@ Disk: A x 2 x (activation size) bytes per training image — efficientnet_lite0 
 
 Examples:
   ncdlr embed --data s3://bucket/openclipart --encoder efficientnet_lite0 --image-size 160 --out feats.parquet
-  ncdlr embed --data s3://bucket/openclipart --encoder efficientnet_lite0 --image-size 160 \
+  ncdlr embed --data s3://bucket/openclipart --encoder efficientnet_lite0 --image-size 160 \\
       --trainable-blocks 1 --views 8 --out s3://bucket/openclipart-lite0-b1-v8
   ncdlr train --config configs/openclipart.yaml --features s3://bucket/openclipart-lite0-b1-v8
 """

@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="YAML", help="config file (configs/*.yaml); built-in defaults if absent")
     parser.add_argument("--features", metavar="URI", default=None,
                         help="feature-table mode: parquet with embedding/label/split (local or s3://); "
-                             "trains the head on these embeddings (encoder 'identity', head 'mlp' unless set)")
+                             "trains the head on these embeddings (encoder 'identity', head 'mlp' unless set). "
+                             "An activation cache (ncdlr embed --trainable-blocks B) trains the encoder's last "
+                             "B blocks and the head on two different cached crops per image")
     parser.add_argument("--output", metavar="DIR", default=None, help="run directory (metrics.json at its top)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show Ray's own output (worker logs, reports, checkpoints) and full tracebacks")
