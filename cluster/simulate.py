@@ -435,8 +435,11 @@ def parse_probe(logs: str) -> dict:
 
 
 def training_entrypoint(output_dir: Path, extra_args: str = "") -> str:
-    """`python -m ncdlr.train_inat2k` on its embedded default, writing the run into `output_dir`."""
-    command = f"python -m ncdlr.train_inat2k --output {shlex.quote(str(output_dir))}"
+    """`python -m ncdlr.train_inat2k` on its embedded default, writing the run into `output_dir`.
+
+    `--shared-storage true`: the simulated nodes are processes on this one machine, so the local checkpoint
+    storage under `output_dir` is a filesystem every node reaches (on a real cluster, pass s3:// storage)."""
+    command = f"python -m ncdlr.train_inat2k --output {shlex.quote(str(output_dir))} --shared-storage true"
     return f"{command} {extra_args}".strip()
 
 

@@ -238,11 +238,11 @@ def _activations(uri: str, column: pa.ChunkedArray, split: np.ndarray, shape: tu
         raise FeatureTableError(f"{uri}: column 'activation' has {act.null_count} null rows "
                                 f"(first: {_first_row(bad, split)})")
     size = int(np.prod(shape))
-    widths = pc.list_value_length(act).to_numpy() if len(act) else np.zeros(0, np.int64)
-    if len(widths) and ((widths % size) != 0).any() or (widths == 0).any():
+    widths = pc.list_value_length(act).to_numpy().astype(np.int64) if len(act) else np.zeros(0, np.int64)
+    bad = (widths % size != 0) | (widths == 0)
+    if bad.any():
         raise FeatureTableError(f"{uri}: activations must hold whole views of shape {list(shape)} ({size} values), "
-                                f"found a row of {int(widths[(widths % size != 0) | (widths == 0)][0])} "
-                                f"(first: {_first_row((widths % size != 0) | (widths == 0), split)})")
+                                f"found a row of {int(widths[bad][0])} (first: {_first_row(bad, split)})")
     values = np.asarray(act.flatten().to_numpy(zero_copy_only=False), dtype=np.float16)
     offsets = np.concatenate([[0], np.cumsum(widths)])
     out: dict[str, np.ndarray] = {}
@@ -400,9 +400,9 @@ def write_table_part(uri: str, activations: np.ndarray, labels: np.ndarray, spli
     if tuple(act.shape[2:]) != tuple(metadata["shape"]):
         raise ValueError(f"activations {act.shape} do not match the table's shape {metadata['shape']}")
     width = int(np.prod(act.shape[1:]))
-    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width)
+    offsets = pa.array(np.arange(n + 1, dtype=np.int64) * width)  # 64-bit: a whole cache can pass 2^31 values
     columns = {
-        "activation": pa.ListArray.from_arrays(offsets, pa.array(act.reshape(-1), type=pa.float16())),
+        "activation": pa.LargeListArray.from_arrays(offsets, pa.array(act.reshape(-1), type=pa.float16())),
         "label": pa.array(np.asarray(labels, dtype=np.int32)),
         "split": pa.array([str(s) for s in splits]),
         "class_name": pa.array([class_names[int(label)] for label in labels]),

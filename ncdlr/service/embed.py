@@ -1,8 +1,10 @@
-"""``ncdlr embed``: a frozen encoder's embeddings of a prepared image dataset, written as a feature table.
+"""``ncdlr embed``: a frozen encoder's embeddings of a prepared image dataset, or its activation cache.
 
 :func:`embed_dataset` streams the prepared shards with Ray Data, decodes them with the eval transform and
 feeds them through ``map_batches`` to a pool of model actors (one frozen encoder each); the rows are written
 with :func:`ncdlr.data.features.write_feature_table` (the table's schema and readers live there).
+:func:`embed_activations` does the same with A training crops per image and only the encoder's frozen stem,
+writing an activation table part by part (resumable; docs/activation-cache.md).
 """
 
 from __future__ import annotations
@@ -86,7 +88,6 @@ def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str 
     return {"rows": len(emb), "bad_images": len(bad), "seconds": seconds, "images_per_s": total / max(seconds, 1e-9)}
 
 
-
 # ---- the activation cache (ncdlr embed --trainable-blocks B --views A) ----------------------------------------
 
 TRAIN_VIEW_SPLITS = ("known", "novel")  #: splits cached as A random training crops; the others as one centre view
@@ -157,8 +158,8 @@ def _check_resumable(out_uri: str, meta: dict, endpoint_url: str | None) -> set[
         changed = {k: (old.get(k), meta[k]) for k in keys if old.get(k) != meta[k]}
         if changed:
             raise ConfigError(f"{out_uri} already holds an activation cache made with other settings "
-                             f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
-                             "choose another --out or delete it")
+                              f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
+                              "choose another --out or delete it")
     return done
 
 
@@ -190,7 +191,7 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
 
     if views < 2:
         raise ConfigError(f"--views {views}: two different cached views per image are the two views of a step; "
-                         "cache at least 2")
+                          "cache at least 2")
     manifest = read_manifest(data_uri, endpoint_url)
     present = [s for s in splits if manifest.split_counts.get(s, 0) > 0]
     shape = activation_shape(encoder, pretrained, image_size, blocks)

@@ -87,7 +87,7 @@ def test_parse_probe_without_a_probe_line_is_an_error():
 def test_entrypoints_quote_paths(tmp_path):
     odd = tmp_path / "run dir"
     assert shlex.split(training_entrypoint(odd, "--epochs 1")) == [
-        "python", "-m", "ncdlr.train_inat2k", "--output", str(odd), "--epochs", "1"]
+        "python", "-m", "ncdlr.train_inat2k", "--output", str(odd), "--shared-storage", "true", "--epochs", "1"]
     assert shlex.split(probe_entrypoint(3))[-2:] == ["--run-probe", "3"]
 
 
@@ -122,22 +122,21 @@ def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_
 
     The job gets the S3 endpoint and credentials the way a real cluster job gets its settings: through the
     job's runtime_env (here the test's rclone server; on AWS the instance profile needs none). Checkpoints
-    go to the local run directory here; s3:// run storage is covered by
-    tests/service/test_trainer_e2e.py::test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint.
+    go to s3:// run storage, as the README's cluster command sends them (a local path is refused on two nodes).
     """
     from ncdlr.data.builders import synthetic
 
     data, output = f"{s3_bucket}/datasets/synthetic-4", tmp_path / "run"
     synthetic.build(synthetic.SyntheticConfig(num_classes=4, seed=0), data, progress=False)
     entrypoint = (f"python -m ncdlr.train_inat2k --config {shlex.quote(str(REPO / 'configs' / 'demo.yaml'))} "
-                  f"--data {data} --output {shlex.quote(str(output))} {TINY}")
+                  f"--data {data} --output {shlex.quote(str(output))} --storage-path {s3_bucket}/runs {TINY}")
     with SimulatedCluster([SMALL, SMALL]) as cluster:
         result = cluster.submit(entrypoint, env_vars=s3_server.env(), timeout_s=900)
     assert result.status == "SUCCEEDED", result.logs[-5000:]
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
     assert "[ncdlr] 2 worker(s) on cpu" in result.logs  # one DDP group of 2 workers, in our own console line
-    assert Path((output / "checkpoint.txt").read_text().strip()).is_dir()
+    assert (output / "checkpoint.txt").read_text().strip().startswith(f"{s3_bucket}/runs/")
     assert cluster.leftover_processes() == []
 
 

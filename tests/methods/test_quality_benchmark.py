@@ -32,14 +32,16 @@ def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path)
     ncdlr = json.loads(cells[0].read_text())
     assert set(ncdlr["results"]) == {"none", "la", "crt"} and ncdlr["tau_final"] > 1.0
     text = (tmp_path / "results.md").read_text()
-    assert quality.BEGIN in text and quality.END in text
+    begin, end = quality.markers()
+    assert begin in text and end in text
     assert "| uno +cRT |" in text and "| ncdlr +LA |" in text and "novel_tail" in text
 
 
 def test_quality_rewrites_only_the_generated_block(tmp_path):
     quality = load_quality()
     doc = tmp_path / "results.md"
-    doc.write_text(f"# Title\n\nanalysis above\n\n{quality.BEGIN}\nold table\n{quality.END}\n\nanalysis below\n")
+    begin, end = quality.markers()
+    doc.write_text(f"# Title\n\nanalysis above\n\n{begin}\nold table\n{end}\n\nanalysis below\n")
     quality.write_between_markers(doc, "new table\n")
     text = doc.read_text()
     assert "old table" not in text and "new table" in text
