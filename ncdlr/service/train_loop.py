@@ -244,19 +244,20 @@ def feature_batches(splits: FeatureSplits, data: DataConfig, seed: int, epoch: i
         ki, ni = known_order[lo:lo + b], novel_order[lo:lo + b]
         view_gen = torch.Generator().manual_seed(((seed * 1009 + epoch) * 100003 + s) * 131 + rank)
 
-        def views(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            if x.dim() > 2:  # [b, V, *shape]: view v and a different view w of each row
-                rows, count = torch.arange(x.shape[0]), x.shape[1]
-                v = torch.randint(0, count, (x.shape[0],), generator=view_gen)
-                w = (v + torch.randint(1, count, (x.shape[0],), generator=view_gen)) % count
-                return x[rows, v].float(), x[rows, w].float()
+        def views(table: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if table.dim() > 2:  # [N, V, *shape]: view v and a different view w of each row (only those gathered)
+                count = table.shape[1]
+                v = torch.randint(0, count, (len(rows),), generator=view_gen)
+                w = (v + torch.randint(1, count, (len(rows),), generator=view_gen)) % count
+                return table[rows, v].float(), table[rows, w].float()
+            x = table[rows]
             if noise <= 0:
                 return x, x
             return (x + noise * torch.randn(x.shape, generator=view_gen),
                     x + noise * torch.randn(x.shape, generator=view_gen))
 
-        k1, k2 = views(known_x[ki])
-        n1, n2 = views(novel_x[ni])
+        k1, k2 = views(known_x, ki)
+        n1, n2 = views(novel_x, ni)
         yield PairedBatch(k1, k2, known_y[ki], torch.ones(b, dtype=torch.bool), n1, n2,
                           torch.ones(b, dtype=torch.bool))
 
