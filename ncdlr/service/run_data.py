@@ -75,17 +75,17 @@ def model_for_table(cfg: Config, splits: FeatureSplits) -> None:
         raise ConfigError(f"{where} holds {meta['encoder']!r} activations, but model.encoder is {cfg.model.encoder!r}")
     if cfg.model.pretrained and cfg.model.pretrained != meta.get("pretrained", ""):
         raise ConfigError(f"{where} was made with pretrained={meta.get('pretrained', '')!r}, but model.pretrained is "
-                         f"{cfg.model.pretrained!r}: the trained blocks must start from the weights of the cached stem")
+                          f"{cfg.model.pretrained!r}: the trained blocks must start from the weights of the cached stem")
     cfg.model.pretrained = meta.get("pretrained", "")
     blocks = int(meta["cached_blocks"])
     if not 0 <= cfg.model.trainable_blocks <= blocks:
         raise ConfigError(f"{where} holds the input of the encoder's last {blocks} block(s); model.trainable_blocks "
-                         f"{cfg.model.trainable_blocks} cannot be trained on it (use 0..{blocks}, or embed with "
-                         "--trainable-blocks set to the blocks to train)")
+                          f"{cfg.model.trainable_blocks} cannot be trained on it (use 0..{blocks}, or embed with "
+                          "--trainable-blocks set to the blocks to train)")
     few = {split: splits.views(split) for split in ("known", "novel") if splits.views(split) < 2}
     if few:
         raise ConfigError(f"{where} caches {few} view(s) per training image; a step needs two different views "
-                         "(ncdlr embed --views 2 or more)")
+                          "(ncdlr embed --views 2 or more)")
     cfg.model.cached_blocks, cfg.model.feature_dim = blocks, 0
     cfg.data.image_size = int(meta["image_size"])
 

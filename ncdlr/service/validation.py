@@ -224,10 +224,8 @@ def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig 
         num_novel = int(known.metadata["num_novel"])
     validation, info = validation_splits(known, cfg, num_novel, source=source_uri)
     names = ("known", "novel", SCORING_SPLIT)
-    if validation.is_activations:  # one part holding every split, with the cache's encoder metadata
-        views = {s: validation.views(s) for s in names}
-        if len(set(views.values())) > 1:  # val rows come from the known split: same views everywhere
-            raise FeatureTableError(f"{source_uri}: validation splits hold unequal views {views}")
+    if validation.is_activations:  # one part holding every split (all known rows: the same views), the cache's metadata
+        views = {s: validation.views("known") for s in names}
         write_table_part(out_uri, torch.cat([validation.features[s] for s in names]).numpy(),
                          torch.cat([validation.labels[s] for s in names]).numpy(),
                          sum(([s] * len(validation.labels[s]) for s in names), []),
