@@ -224,7 +224,7 @@ def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig 
         num_novel = int(known.metadata["num_novel"])
     validation, info = validation_splits(known, cfg, num_novel, source=source_uri)
     names = ("known", "novel", SCORING_SPLIT)
-    if validation.is_activations:  # one part holding every split (all known rows: the same views), the cache's metadata
+    if validation.is_activations:  # one part, every split (all known rows: same views), the cache's metadata
         views = {s: validation.views("known") for s in names}
         write_table_part(out_uri, torch.cat([validation.features[s] for s in names]).numpy(),
                          torch.cat([validation.labels[s] for s in names]).numpy(),
