@@ -84,8 +84,8 @@ def in_ray_session_dir(path: Path) -> bool:
     """True for a path inside a Ray session's temporary files (``.../session_*/runtime_resources/...``, where a
     submitted job's working directory is unpacked, or anywhere under a ``session_*`` folder of Ray's temp dir)."""
     parts = path.parts
-    return any(part.startswith("session_") and i > 0 and parts[i - 1] in ("ray", "session_latest") or
-               part == "runtime_resources" for i, part in enumerate(parts))
+    return "runtime_resources" in parts or any(part.startswith("session_") and parent == "ray"
+                                               for parent, part in zip(parts, parts[1:]))
 
 
 def check_cluster_storage(cfg: Config, nodes: int) -> None:
