@@ -53,7 +53,7 @@ import torch
 
 from ncdlr.data.longtail import long_tail_counts
 from ncdlr.data.records import SPLITS, checked_splits
-from ncdlr.data.storage import ObjectNotFoundError, join, resolve, with_retries
+from ncdlr.data.storage import ObjectNotFoundError, join, resolve, with_retries, write_parquet
 
 METADATA_KEY = b"ncdlr"  #: schema metadata key of the JSON table metadata
 FEATURE_COLUMNS = ("embedding", "label", "split")  #: required columns; ``class_name``/``source_id`` are optional
@@ -291,6 +291,22 @@ def _class_counts(uri: str, meta: dict, labels: np.ndarray, split: np.ndarray) -
     return num_known, num_classes
 
 
+def read_class_summary(uri: str, *, endpoint_url: str | None = None) -> tuple[int, int, list[str], list[int]]:
+    """``(Ks, Ku, class_names [K], train_counts [K])`` of a feature table, reading only its ``label`` and
+    ``split`` columns (a run's classes without loading its features)."""
+    fs, files, schema = _open(uri, endpoint_url)
+    meta = _metadata(schema)
+    table = with_retries(lambda: pads.dataset(files, filesystem=fs, format="parquet").to_table(
+        columns=["label", "split"]), uri)
+    labels = table.column("label").to_numpy().astype(np.int64)
+    split = np.asarray(table.column("split").cast(pa.string()).to_pylist(), dtype=object)
+    num_known, num_classes = _class_counts(uri, meta, labels, split)
+    train = np.isin(split, ["known", "novel"])
+    counts = np.bincount(labels[train], minlength=num_classes).tolist()
+    names = [str(n) for n in meta.get("class_names", [str(k) for k in range(num_classes)])]
+    return num_known, num_classes - num_known, names, counts
+
+
 def read_feature_table(uri: str, splits: Sequence[str] | None = None, *,
                        endpoint_url: str | None = None) -> FeatureSplits:
     """Load a feature table (local path, ``file://`` or ``s3://``; file or folder) into per-split tensors.
@@ -409,16 +425,8 @@ def write_table_part(uri: str, activations: np.ndarray, labels: np.ndarray, spli
         "source_id": pa.array([str(s) for s in source_ids]),
     }
     meta = {**metadata, "kind": ACTIVATIONS, "class_names": class_names}
-    table = pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()})
-    fs, path = resolve(uri, endpoint_url)
-    if isinstance(fs, pafs.LocalFileSystem):
-        folder, name = path.rsplit("/", 1)
-        fs.create_dir(folder, recursive=True)
-        tmp = f"{folder}/.{name}.tmp"
-        pq.write_table(table, tmp, filesystem=fs)
-        fs.move(tmp, path)
-    else:
-        with_retries(lambda: pq.write_table(table, path, filesystem=fs), uri)
+    write_parquet(pa.table(columns).replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), uri,
+                  endpoint_url)
 
 
 def written_source_ids(uri: str, *, endpoint_url: str | None = None) -> set[str]:

@@ -365,3 +365,21 @@ def shard_paths(uri: str, manifest: Manifest, splits: Iterable[str] | None = Non
     fs, base = resolve(uri, endpoint_url)
     wanted = set(splits) if splits is not None else None
     return fs, [join(base, s.path) for s in manifest.shards if wanted is None or s.split in wanted]
+
+
+def images_by_id(uri: str, source_ids: Iterable[str], *, splits: Iterable[str] | None = None,
+                 endpoint_url: str | None = None) -> dict[str, bytes]:
+    """``{source_id: encoded image}`` of the given rows of the prepared dataset at ``uri`` (ids it does not hold
+    are absent). Reads only the ``image`` and ``source_id`` columns, filtered by id (a gallery's thumbnails)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    from ncdlr.data.manifest import read_manifest
+
+    wanted = sorted(set(source_ids))
+    if not wanted:
+        return {}
+    fs, paths = shard_paths(uri, read_manifest(uri, endpoint_url), splits, endpoint_url)
+    table = pads.dataset(paths, filesystem=fs, format="parquet").to_table(
+        columns=["source_id", "image"], filter=pc.field("source_id").isin(wanted))
+    return dict(zip(table.column("source_id").to_pylist(), table.column("image").to_pylist()))

@@ -447,6 +447,25 @@ def resolve(uri: str, endpoint_url: str | None = None) -> tuple[pafs.FileSystem,
     return pafs.LocalFileSystem(), str(Path(uri).expanduser().absolute())
 
 
+def write_parquet(table, uri: str, endpoint_url: str | None = None) -> None:
+    """Write ``table`` (a ``pyarrow.Table``) as one parquet file at ``uri``, all or nothing.
+
+    A local file is written to a hidden temporary name in the same folder (created if missing) and renamed;
+    an ``s3://`` object is one PUT (retried). A reader, or a resumed job listing the folder, never sees half a file.
+    """
+    import pyarrow.parquet as pq
+
+    fs, path = resolve(uri, endpoint_url)
+    if isinstance(fs, pafs.LocalFileSystem):
+        folder, name = path.rsplit("/", 1)
+        fs.create_dir(folder, recursive=True)
+        tmp = f"{folder}/.{name}.tmp"
+        pq.write_table(table, tmp, filesystem=fs)
+        fs.move(tmp, path)
+    else:
+        with_retries(lambda: pq.write_table(table, path, filesystem=fs), uri)
+
+
 # ------------------------------------------------------------------------------------- embedded S3 server
 
 

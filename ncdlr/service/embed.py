@@ -82,7 +82,8 @@ def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str 
     write_feature_table(out_uri, emb, np.asarray(columns["label"]), columns["split"],
                         num_known=manifest.num_known, num_novel=manifest.num_novel, class_names=manifest.class_names,
                         source_ids=[str(s) for s in columns["source_id"]],
-                        extra={"encoder": encoder, "dataset": data_uri})
+                        extra={"encoder": encoder, "pretrained": pretrained, "image_size": image_size,
+                               "dataset": data_uri})
     seconds = time.perf_counter() - start
     total = len(emb) + len(bad)
     return {"rows": len(emb), "bad_images": len(bad), "seconds": seconds, "images_per_s": total / max(seconds, 1e-9)}
