@@ -84,8 +84,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     from .checkpoint import CheckpointError
     from .config import ConfigError
+    from .names import NamesError
+    from .trained_run import RunError
 
-    return ConfigError, MethodConfigError, FeatureTableError, DatasetFormatError, StorageError, CheckpointError
+    return (ConfigError, MethodConfigError, FeatureTableError, DatasetFormatError, StorageError, CheckpointError,
+            RunError, NamesError)
 
 
 class RunInterrupted(Exception):
