@@ -12,7 +12,7 @@ export RAY_TRAIN_HEALTH_CHECK_INTERVAL_S ?= 0.1
 export RAY_DATA_DISABLE_PROGRESS_BARS ?= 1
 export AWS_EC2_METADATA_DISABLED ?= true
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo browser test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -25,7 +25,17 @@ $(STAMP): requirements.lock pyproject.toml
 demo: $(STAMP)
 	$(PY) -m ncdlr.train_inat2k
 
-test: $(STAMP)
+# A headless Chromium for the gallery page's browser tests (tests/service/browser.py skips them without one).
+browser:
+	@if [ -n "$$NCDLR_BROWSER" ] || command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null; \
+	then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y chromium-headless-shell || (apt-get update && apt-get install -y chromium-headless-shell) \
+	    || echo "warning: could not install chromium-headless-shell; the browser tests will skip"; \
+	else echo "no Chromium on PATH and no root apt-get: the browser tests will skip"; fi
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)

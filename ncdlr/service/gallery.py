@@ -1,0 +1,203 @@
+"""``ncdlr gallery``: a static page of every class a run knows or discovered, to look at and name the clusters.
+
+:func:`build_gallery` gathers, per class of the run's model: its training count (known classes: labelled images;
+novel clusters: the model's pseudo-labels of the novel training split, i.e. how many unlabelled training images
+it assigns there), how many rows of the predictions it received, its most and least confident examples (their
+thumbnails written beside the page), its nearest known classes (cosine of the cluster's mean embedding to each
+known prototype), and — where the predictions carry true labels — the Hungarian-matched true class and the
+cluster's purity. :func:`ncdlr.service.gallery_page.render_gallery` writes the page.
+
+Predictions come from ``--predictions`` (a folder of ``ncdlr predict``) or, by default, from a ``predict`` of the
+run's own test split into ``OUT/predictions``. Thumbnails are read from where those predictions came from: the
+folder of images, the prepared dataset, or — for a feature-table run — the dataset the table was embedded from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ConfigError
+from .gallery_page import INDEX_FILE, ClassSection, GalleryPage, Thumb, render_gallery
+from .trained_run import TrainedRun, open_run
+
+log = logging.getLogger(__name__)
+
+THUMB_SIDE = 160  #: longest side of a thumbnail, px
+
+
+def _thumb_name(source_id: str) -> str:
+    return f"thumbs/{hashlib.sha1(source_id.encode()).hexdigest()[:16]}.jpg"
+
+
+def write_thumbnail(data: bytes, path: Path, side: int = THUMB_SIDE) -> bool:
+    """Decode ``data`` and save a JPEG no larger than ``side`` px at ``path``; False when it is not an image."""
+    from ncdlr.data.transforms import decode_rgb
+
+    image = decode_rgb(data)
+    if image is None:
+        return False
+    image.thumbnail((side, side))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=85)
+    path.write_bytes(out.getvalue())
+    return True
+
+
+def _image_source(meta: dict, run: TrainedRun) -> tuple[str, str]:
+    """``(kind, uri)`` where the images of the predictions' rows can be read: ``("images", folder)``,
+    ``("dataset", uri)`` or ``("", "")`` when nothing records it (a table without its dataset)."""
+    if meta.get("kind") == "images":
+        return "images", meta["data"]
+    if meta.get("kind") == "dataset":
+        return "dataset", meta["data"]
+    source = run.table_metadata.get("dataset", "")
+    if meta.get("kind") == "table" and source:
+        from ncdlr.data.features import read_metadata
+
+        source = read_metadata(meta["data"]).get("dataset", source)
+    return ("dataset", source) if source else ("", "")
+
+
+def _fetch_images(kind: str, uri: str, ids: list[str], endpoint_url: str | None) -> dict[str, bytes]:
+    if kind == "images":
+        from ncdlr.data.image_files import read_image_bytes
+
+        return {i: read_image_bytes(uri, i, endpoint_url) for i in ids}
+    if kind == "dataset":
+        from ncdlr.data.shards import images_by_id
+
+        return images_by_id(uri, ids, endpoint_url=endpoint_url)
+    return {}
+
+
+def pseudo_label_counts(preds: np.ndarray, num_classes: int) -> np.ndarray:
+    """``[K]`` rows assigned to each class by the predictions ``preds [N]``."""
+    return np.bincount(np.asarray(preds, dtype=np.int64), minlength=num_classes)[:num_classes]
+
+
+def nearest_known(mean_logits: np.ndarray, known_names: list[str], exclude: int | None, top: int = 3
+                  ) -> tuple[tuple[str, float], ...]:
+    """The ``top`` known classes of largest ``mean_logits [Ks]`` (the cluster's mean cosine to each known
+    prototype, which ranks them as the mean embedding does), ``exclude`` left out."""
+    order = [int(k) for k in np.argsort(-mean_logits, kind="stable") if k != exclude][:top]
+    return tuple((known_names[k], float(mean_logits[k])) for k in order)
+
+
+def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoint: str = "", per_class: int = 8,
+                  uncertain: int = 3, endpoint_url: str | None = None, progress: bool = True) -> Path:
+    """Write ``out_dir/index.html`` and ``out_dir/thumbs/`` for the run (see the module docstring); returns the page.
+
+    Needs Ray started when it predicts itself (no ``predictions``) or the run trained on images.
+    """
+    from ncdlr.data.predictions import read_predictions
+    from ncdlr.metrics import hungarian_mapping
+
+    from .predict import predict_run
+
+    run = open_run(run_dir, checkpoint)
+    out = Path(out_dir)
+    data = run.cfg.data.features or run.cfg.data.uri
+    if not predictions:
+        predictions = str(out / "predictions")
+        predict_run(run_dir, data, predictions, split="test", checkpoint=checkpoint, embeddings=True,
+                    endpoint_url=endpoint_url, progress=progress)
+    table, meta = read_predictions(predictions, endpoint_url=endpoint_url)
+    if meta.get("num_classes") != run.num_classes or meta.get("num_known") != run.num_known:
+        raise ConfigError(f"{predictions} holds predictions over {meta.get('num_known')} known / "
+                         f"{meta.get('num_classes')} classes, but run {run_dir} has {run.num_known} / {run.num_classes}")
+    train_novel = str(out / "train-novel")
+    predict_run(run_dir, data, train_novel, split="novel", checkpoint=checkpoint, endpoint_url=endpoint_url,
+                progress=progress)
+    novel_counts = pseudo_label_counts(read_predictions(train_novel, ["pred"])[0].column("pred").to_numpy(),
+                                       run.num_classes)
+
+    pred = table.column("pred").to_numpy()
+    confidence = table.column("confidence").to_numpy()
+    ids = table.column("source_id").to_pylist()
+    labels = table.column("label").to_numpy(zero_copy_only=False)
+    has_labels = table.column("label").null_count < len(table)
+    mapping = hungarian_mapping(labels[~np.isnan(labels)].astype(np.int64),
+                                pred[~np.isnan(labels)]) if has_labels else {}
+    mean_logits = _mean_known_logits(run, table, pred)
+
+    names, keys = run.names(), _keys(run)
+    chosen: dict[int, tuple[list[int], list[int]]] = {}
+    for c in range(run.num_classes):
+        rows = np.flatnonzero(pred == c)
+        ranked = rows[np.argsort(-confidence[rows], kind="stable")]
+        best = ranked[:per_class].tolist()
+        worst = [i for i in ranked[::-1][:uncertain].tolist() if i not in best][::-1]
+        chosen[c] = (best, worst)
+    wanted = sorted({ids[i] for best, worst in chosen.values() for i in best + worst})
+    kind, source = _image_source(meta, run)
+    images = _fetch_images(kind, source, wanted, endpoint_url)
+    written = {i for i, data_bytes in images.items() if write_thumbnail(data_bytes, out / _thumb_name(i))}
+    if wanted and not written:
+        log.warning("gallery: no thumbnails (the images of %s cannot be read from %r)", predictions, source or "anywhere")
+
+    def thumbs(rows: list[int]) -> tuple[Thumb, ...]:
+        true_name = (lambda i: run.class_names[int(labels[i])] if has_labels and not np.isnan(labels[i]) else None)
+        return tuple(Thumb(_thumb_name(ids[i]), ids[i], float(confidence[i]), true_name(i))
+                     for i in rows if ids[i] in written)
+
+    sections = []
+    for c in range(run.num_classes):
+        rows = pred == c
+        matched = mapping.get(c)
+        purity = None
+        if matched is not None and rows.any():
+            purity = float(np.mean(labels[rows] == matched))
+        sections.append(ClassSection(
+            index=c, key=keys[c], name=names[c], is_novel=c >= run.num_known,
+            train_count=int(novel_counts[c] if c >= run.num_known else run.train_counts[c]),
+            predicted_count=int(rows.sum()), confident=thumbs(chosen[c][0]), uncertain=thumbs(chosen[c][1]),
+            nearest_known=nearest_known(mean_logits[c], names[:run.num_known], c if c < run.num_known else None)
+            if mean_logits is not None and rows.any() else (),
+            matched_true=run.class_names[matched] if matched is not None else None, purity=purity))
+    page = GalleryPage(title=f"ncdlr gallery — {run.run_dir.name}", run=str(run.run_dir), metrics=_metrics(run),
+                       predictions=predictions, sections=tuple(sections))
+    return render_gallery(page, out)
+
+
+def _keys(run: TrainedRun) -> list[str]:
+    from .names import class_keys
+
+    return class_keys(run.class_names, run.num_known, run.num_novel)
+
+
+def _mean_known_logits(run: TrainedRun, table, pred: np.ndarray) -> np.ndarray | None:
+    """``[K, Ks]``: per class, the mean cosine of its rows' embeddings to each known prototype (None without
+    embeddings in the predictions)."""
+    if "embedding" not in table.column_names:
+        return None
+    from .trained_run import table_model
+
+    z = torch.as_tensor(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)).astype(np.float32))
+    prototypes = table_model(run).class_prototypes().detach()[:, :run.num_known]
+    logits = (z @ prototypes).numpy()
+    out = np.zeros((run.num_classes, run.num_known), np.float32)
+    for c in range(run.num_classes):
+        rows = pred == c
+        if rows.any():
+            out[c] = logits[rows].mean(0)
+    return out
+
+
+def _metrics(run: TrainedRun) -> dict[str, float | None]:
+    """All / known / novel class-mean accuracy from the run's ``metrics.json`` (empty before ``evaluate``)."""
+    path = run.run_dir / "metrics.json"
+    if not path.is_file():
+        return {}
+    metrics = json.loads(path.read_text())
+    return {key: metrics.get(key) for key in ("all", "known", "novel") if key in metrics}
+
+
+__all__ = ["INDEX_FILE", "build_gallery"]
