@@ -42,7 +42,7 @@ def _test_inputs(cfg: Config, data: TrainingData, split: str) -> tuple[list[torc
 
         x = data.features.features[split]
         return ([first_view(part) for part in x.split(cfg.data.eval_batch_size)], data.features.labels[split].numpy(),
-                None)
+                data.features.source_ids.get(split))
     from ncdlr.data import pipeline
 
     raw = pipeline.load_splits(cfg.data.uri, [split], endpoint_url=cfg.data.endpoint_url or None,

@@ -4,8 +4,9 @@
 novel clusters: the model's pseudo-labels of the novel training split, i.e. how many unlabelled training images
 it assigns there), how many rows of the predictions it received, its most and least confident examples (their
 thumbnails written beside the page), its nearest known classes (cosine of the cluster's mean embedding to each
-known prototype), and — where the predictions carry true labels — the Hungarian-matched true class and the
-cluster's purity. :func:`ncdlr.service.gallery_page.render_gallery` writes the page.
+known prototype), and — where the predictions carry true labels — the Hungarian-matched true class (as in the
+metrics), the true class most of its rows have and that share (its purity).
+:func:`ncdlr.service.gallery_page.render_gallery` writes the page.
 
 Predictions come from ``--predictions`` (a folder of ``ncdlr predict``) or, by default, from a ``predict`` of the
 run's own test split into ``OUT/predictions``. Thumbnails are read from where those predictions came from: the
@@ -83,6 +84,16 @@ def pseudo_label_counts(preds: np.ndarray, num_classes: int) -> np.ndarray:
     return np.bincount(np.asarray(preds, dtype=np.int64), minlength=num_classes)[:num_classes]
 
 
+def majority_class(labels: np.ndarray) -> tuple[int | None, float | None]:
+    """``(the most common true class, its share)`` of a cluster's rows ``labels [n]`` (NaN = unlabelled rows,
+    left out); ``(None, None)`` when none is labelled. Ties go to the smaller class id."""
+    known = labels[~np.isnan(labels)].astype(np.int64)
+    if not len(known):
+        return None, None
+    counts = np.bincount(known)
+    return int(counts.argmax()), float(counts.max() / len(known))
+
+
 def nearest_known(mean_logits: np.ndarray, known_names: list[str], exclude: int | None, top: int = 3
                   ) -> tuple[tuple[str, float], ...]:
     """The ``top`` known classes of largest ``mean_logits [Ks]`` (the cluster's mean cosine to each known
@@ -152,16 +163,15 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
     for c in range(run.num_classes):
         rows = pred == c
         matched = mapping.get(c)
-        purity = None
-        if matched is not None and rows.any():
-            purity = float(np.mean(labels[rows] == matched))
+        majority, purity = majority_class(labels[rows]) if has_labels else (None, None)
         sections.append(ClassSection(
             index=c, key=keys[c], name=names[c], is_novel=c >= run.num_known,
             train_count=int(novel_counts[c] if c >= run.num_known else run.train_counts[c]),
             predicted_count=int(rows.sum()), confident=thumbs(chosen[c][0]), uncertain=thumbs(chosen[c][1]),
             nearest_known=nearest_known(mean_logits[c], names[:run.num_known], c if c < run.num_known else None)
             if mean_logits is not None and rows.any() else (),
-            matched_true=run.class_names[matched] if matched is not None else None, purity=purity))
+            matched_true=run.class_names[matched] if matched is not None else None,
+            majority_true=run.class_names[majority] if majority is not None else None, purity=purity))
     page = GalleryPage(title=f"ncdlr gallery — {run.run_dir.name}", run=str(run.run_dir), metrics=_metrics(run),
                        predictions=predictions, sections=tuple(sections))
     return render_gallery(page, out)

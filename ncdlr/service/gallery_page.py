@@ -62,8 +62,10 @@ class ClassSection:
     calls it (``names.yaml``), else the key. ``train_count`` counts labelled training images of a known class or
     the training pseudo-labels of a novel one; ``predicted_count`` the prediction rows assigned to it.
     ``confident`` holds its most confident examples (best first), ``uncertain`` a few least confident ones,
-    ``nearest_known`` (known class name, cosine) most similar first. ``matched_true`` and ``purity`` (the
-    fraction of its predicted rows whose true class is ``matched_true``) exist only with ground truth.
+    ``nearest_known`` (known class name, cosine) most similar first. With ground truth only: ``matched_true``
+    (the true class one Hungarian matching over all classes gives it, as in the metrics), ``majority_true`` (the
+    true class most of its rows have) and ``purity`` (the fraction of its rows of ``majority_true``). A cluster
+    whose majority is not its match holds part of a class matched elsewhere (a big class split in two).
     """
 
     index: int
@@ -76,6 +78,7 @@ class ClassSection:
     uncertain: tuple[Thumb, ...]
     nearest_known: tuple[tuple[str, float], ...]
     matched_true: str | None = None
+    majority_true: str | None = None
     purity: float | None = None
 
 
@@ -154,12 +157,14 @@ def _section(s: ClassSection) -> str:
     attrs = _attrs(class_="cls novel" if s.is_novel else "cls", id=f"cls-{s.index}", data_index=s.index,
                    data_key=s.key, data_name=s.name, data_novel=int(s.is_novel), data_train_count=s.train_count,
                    data_predicted_count=s.predicted_count, data_matched=s.matched_true,
-                   data_purity=None if s.purity is None else repr(float(s.purity)))
+                   data_majority=s.majority_true, data_purity=None if s.purity is None else repr(float(s.purity)))
     key = f' <span class="key">{escape(s.key)}</span>' if s.key != s.name else ""
     train = "training pseudo-labels" if s.is_novel else "labelled training images"
     facts = [f"{s.train_count:,} {train}", f"{s.predicted_count:,} predicted"]
     if s.matched_true is not None:
-        facts.append(f"matches <b>{escape(s.matched_true)}</b>"
+        facts.append(f"matches <b>{escape(s.matched_true)}</b>")
+    if s.majority_true is not None:
+        facts.append(f"mostly <b>{escape(s.majority_true)}</b>"
                      + (f" (purity {_percent(s.purity)})" if s.purity is not None else ""))
     nearest = ", ".join(f"{escape(name)} {cosine:.2f}" for name, cosine in s.nearest_known)
     parts = [f"<section{attrs}>", f"<h2>{escape(s.name)}{key}</h2>", f"<p>{' · '.join(facts)}</p>"]

@@ -31,7 +31,7 @@ READ_DOM = """() => {
       index: attr(el, "data-index"), key: attr(el, "data-key"), name: attr(el, "data-name"),
       novel: attr(el, "data-novel"), train_count: attr(el, "data-train-count"),
       predicted_count: attr(el, "data-predicted-count"), matched: attr(el, "data-matched"),
-      purity: attr(el, "data-purity"), images: images(el)})),
+      majority: attr(el, "data-majority"), purity: attr(el, "data-purity"), images: images(el)})),
     empty: [...document.querySelectorAll("#empty li[data-index]")].map(el => attr(el, "data-index")),
     broken_images: [...document.images].filter(img => !img.complete || img.naturalWidth === 0)
                                        .map(img => attr(img, "src")),
@@ -62,9 +62,9 @@ def read_gallery(index_html: Path) -> dict:
     """Open ``index_html`` in headless Chromium, wait for ``load`` (every image fetched or failed) and read it.
 
     Returns ``{"title", "metrics": {key: float | None}, "sections": [{"index", "key", "name", "novel",
-    "train_count", "predicted_count", "matched", "purity", "images": [{"src", "alt", "confidence"}]}],
-    "empty": [index], "broken_images": [src], "image_count"}``, sections in page order; ``matched`` and
-    ``purity`` are ``None`` where the page has no such attribute. The browser lives only for this call.
+    "train_count", "predicted_count", "matched", "majority", "purity", "images": [{"src", "alt", "confidence"}]}],
+    "empty": [index], "broken_images": [src], "image_count"}``, sections in page order; ``matched``,
+    ``majority`` and ``purity`` are ``None`` where the page has no such attribute. The browser lives only for this call.
     """
     from playwright.sync_api import sync_playwright
 
@@ -82,7 +82,7 @@ def read_gallery(index_html: Path) -> dict:
         "sections": [{
             "index": int(s["index"]), "key": s["key"], "name": s["name"], "novel": s["novel"] == "1",
             "train_count": int(s["train_count"]), "predicted_count": int(s["predicted_count"]),
-            "matched": s["matched"], "purity": None if s["purity"] is None else float(s["purity"]),
+            "matched": s["matched"], "majority": s["majority"], "purity": None if s["purity"] is None else float(s["purity"]),
             "images": [{**img, "confidence": float(img["confidence"])} for img in s["images"]],
         } for s in raw["sections"]],
         "empty": [int(i) for i in raw["empty"]],

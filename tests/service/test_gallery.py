@@ -59,7 +59,7 @@ def test_the_gallery_shows_every_class_with_the_numbers_of_the_predictions(galle
         '<script>alert("x")</script> & owl'  # a user's name shown as text, not run
 
 
-def test_the_gallery_gives_the_matched_true_class_and_purity_of_each_cluster(gallery_run):
+def test_the_gallery_gives_each_clusters_matched_and_majority_true_class_and_purity(gallery_run):
     require_browser()
     from ncdlr.metrics import hungarian_mapping
     from ncdlr.service.trained_run import open_run
@@ -73,8 +73,10 @@ def test_the_gallery_gives_the_matched_true_class_and_purity_of_each_cluster(gal
         rows = table[table.pred == section["index"]]
         matched = mapping.get(section["index"]) if len(rows) else None
         assert section["matched"] == (names[matched] if matched is not None else None)
-        if matched is not None:
-            assert section["purity"] == pytest.approx(float((rows.label == matched).mean()))
+        if len(rows):
+            counts = np.bincount(rows.label.astype(int))  # ties: the smaller class id
+            assert section["majority"] == names[int(counts.argmax())]
+            assert section["purity"] == pytest.approx(counts.max() / len(rows))
             checked += 1
     assert checked >= 2
     assert "<script>alert" not in page.read_text()
@@ -92,7 +94,8 @@ def test_a_gallery_of_a_folder_of_new_images_shows_their_thumbnails(gallery_run,
     assert shown["broken_images"] == []
     assert sorted(i["alt"] for s in shown["sections"] for i in s["images"]) == \
         ["a.jpg", "b/tall.webp", "b/wide.png", "c/big.JPEG"]  # the corrupt file has no row, so no thumbnail
-    assert all(s["matched"] is None and s["purity"] is None for s in shown["sections"])  # no ground truth here
+    assert all(s["matched"] is None and s["majority"] is None and s["purity"] is None
+               for s in shown["sections"])  # no ground truth here
 
 
 def test_gallery_refuses_predictions_of_another_run(gallery_run, tmp_path):

@@ -42,9 +42,10 @@ def page(tmp_path) -> GalleryPage:
         section(2, novel=True, train=30, predicted=9, name=HOSTILE,
                 thumbs=[Thumb(jpg[1], "img/d.jpg", 0.8125, "snowy owl"), Thumb(jpg[2], "img/e.jpg", 0.5)],
                 uncertain=[Thumb(png[2], "img/f.png", 0.0625)],
-                nearest_known=(("known-1", 0.42), ("known-0", 0.1)), matched_true="snowy owl", purity=2 / 3),
+                nearest_known=(("known-1", 0.42), ("known-0", 0.1)), matched_true="snowy owl",
+                majority_true="snowy owl", purity=2 / 3),
         section(3, novel=True, train=60, predicted=15, thumbs=[Thumb(jpg[3], "img/g.jpg", 0.75)],
-                matched_true="known-9", purity=0.8),
+                matched_true="known-9", majority_true="barn owl", purity=0.8),
         section(4, novel=True, train=0, predicted=0),
         section(5, novel=True, train=7, predicted=0),
     )
@@ -105,6 +106,7 @@ def test_section_attributes_equal_the_inputs(page, tmp_path):
         assert int(attribute(tag, "data-train-count")) == s.train_count
         assert int(attribute(tag, "data-predicted-count")) == s.predicted_count
         assert attribute(tag, "data-matched") == s.matched_true
+        assert attribute(tag, "data-majority") == s.majority_true
         assert attribute(tag, "data-purity") == (None if s.purity is None else repr(s.purity))
 
 
@@ -129,7 +131,8 @@ def test_in_a_browser_every_image_loads_and_every_number_equals_the_input(page, 
     assert seen["metrics"] == page.metrics
     assert seen["empty"] == [4]
     expected = [{"index": s.index, "key": s.key, "name": s.name, "novel": s.is_novel, "train_count": s.train_count,
-                 "predicted_count": s.predicted_count, "matched": s.matched_true, "purity": s.purity,
+                 "predicted_count": s.predicted_count, "matched": s.matched_true, "majority": s.majority_true,
+                 "purity": s.purity,
                  "images": [{"src": t.src, "alt": t.source_id, "confidence": t.confidence}
                             for t in s.confident + s.uncertain]}
                 for s in section_order(page.sections) if s.index != 4]
