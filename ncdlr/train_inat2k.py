@@ -5,7 +5,8 @@ Usage::
     # on a Ray cluster, a prepared iNat18-2K dataset (see `ncdlr prepare inat18`):
     ray job submit -- python -m ncdlr.train_inat2k --data s3://bucket/inat18-2k --num-workers 8 --use-gpu true
     # no data location: the embedded default — a small synthetic iNat-format set served from an embedded
-    # S3 server, 2 local CPU workers, evaluation and report — a few minutes on 2 cores:
+    # S3 server, 2 local CPU workers, evaluation, report and a gallery page of every class (runs/demo/gallery)
+    # — a few minutes on 2 cores:
     python -m ncdlr.train_inat2k
     # the embedded default also runs as a job (`ray job submit -- python -m ncdlr.train_inat2k`): it joins the
     # job's cluster and passes the S3 settings to all tasks and workers through the job's runtime_env. Its
@@ -26,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from collections.abc import Sequence
 
 
@@ -76,7 +78,7 @@ def _demo_directory(args: argparse.Namespace) -> bool:
 
 
 def run_embedded(args: argparse.Namespace) -> dict:
-    """Synthetic iNat-format data → embedded S3 server → 2 CPU workers → evaluation and report.
+    """Synthetic iNat-format data → embedded S3 server → 2 CPU workers → evaluation, report and gallery.
 
     The rclone server listens on 127.0.0.1 of the driver's machine. On a local Ray, and on a simulated
     multi-node cluster whose nodes share this machine, every worker reaches it; on a real multi-machine
@@ -90,6 +92,7 @@ def run_embedded(args: argparse.Namespace) -> dict:
     from ncdlr.data.builders import synthetic
     from ncdlr.data.storage import S3Server
     from ncdlr.service.entry import init_ray
+    from ncdlr.service.gallery import build_gallery
     from ncdlr.service.trainer import fit
 
     start = time.perf_counter()
@@ -107,6 +110,8 @@ def run_embedded(args: argparse.Namespace) -> dict:
                            verbose=cfg.run.verbose)
         try:
             result = fit(cfg)
+            page = build_gallery(result["output"], str(Path(result["output"]) / "gallery"), progress=False)
+            print(f"[ncdlr] a page of every class, novel clusters first: {page.absolute().as_uri()}", flush=True)
         finally:
             if started:
                 ray.shutdown()

@@ -118,6 +118,7 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
     data = run.cfg.data.features or run.cfg.data.uri
     if not predictions:
         predictions = str(out / "predictions")
+        _drop_stale(Path(predictions), run)
         predict_run(run_dir, data, predictions, split="test", checkpoint=checkpoint, embeddings=True,
                     endpoint_url=endpoint_url, progress=progress)
     table, meta = read_predictions(predictions, endpoint_url=endpoint_url)
@@ -125,6 +126,7 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
         raise ConfigError(f"{predictions} holds predictions over {meta.get('num_known')} known / "
                          f"{meta.get('num_classes')} classes, but run {run_dir} has {run.num_known} / {run.num_classes}")
     train_novel = str(out / "train-novel")
+    _drop_stale(Path(train_novel), run)
     predict_run(run_dir, data, train_novel, split="novel", checkpoint=checkpoint, endpoint_url=endpoint_url,
                 progress=progress)
     novel_counts = pseudo_label_counts(read_predictions(train_novel, ["pred"])[0].column("pred").to_numpy(),
@@ -175,6 +177,19 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
     page = GalleryPage(title=f"ncdlr gallery — {run.run_dir.name}", run=str(run.run_dir), metrics=_metrics(run),
                        predictions=predictions, sections=tuple(sections))
     return render_gallery(page, out)
+
+
+def _drop_stale(folder: Path, run: TrainedRun) -> None:
+    """Delete one of the gallery's own prediction folders when it was made from another run or checkpoint (a
+    retrained run in the same directory); one made from this checkpoint is kept and resumed."""
+    import shutil
+
+    from ncdlr.data.predictions import read_metadata
+
+    meta = read_metadata(str(folder)) if folder.is_dir() else {}
+    if meta and (meta.get("checkpoint") != run.checkpoint or meta.get("run") != str(run.run_dir.absolute())):
+        log.info("gallery: replacing %s (made from checkpoint %s)", folder, meta.get("checkpoint"))
+        shutil.rmtree(folder)
 
 
 def _keys(run: TrainedRun) -> list[str]:

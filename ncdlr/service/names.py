@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 NAMES_FILE = "names.yaml"
+PREVIOUS_NAMES_FILE = "names.previous.yaml"  #: where a retrained run's old names go (kept, not applied)
 _KEY = re.compile(r"^novel-(\d+)$")
 
 
@@ -89,3 +90,14 @@ def display_names(class_names: Sequence[str], num_known: int, num_novel: int, na
 def class_keys(class_names: Sequence[str], num_known: int, num_novel: int) -> list[str]:
     """``[Ks + Ku]`` stable keys: the known class's dataset name, ``novel-NN`` for novel clusters."""
     return display_names(class_names, num_known, num_novel, {})
+
+
+def set_aside_names(run_dir: str | Path) -> Path | None:
+    """Move ``names.yaml`` to ``names.previous.yaml`` (a run directory being trained again: the new clusters are
+    not the old ones, so the old names must not apply to them, but they are not deleted). Returns the new path."""
+    path = Path(run_dir) / NAMES_FILE
+    if not path.is_file():
+        return None
+    target = path.with_name(PREVIOUS_NAMES_FILE)
+    os.replace(path, target)
+    return target

@@ -251,7 +251,10 @@ def _predict_images(run: TrainedRun, kind: str, data_uri: str, split: str, write
         scored = pipeline.with_eval_view(stream, pipe).map_batches(
             _PredictActor, fn_constructor_args=(model_ref, threads, embeddings, use_gpu), batch_size=batch_size,
             compute=ActorPoolStrategy(size=num_actors), batch_format="numpy", num_cpus=threads,
-            num_gpus=1 if use_gpu else 0)
+            num_gpus=1 if use_gpu else 0,
+            # a lost actor fails the call (the same command resumes): Ray could not restart one whose weights came
+            # through the object store anyway, and says so on the terminal when restarts are allowed
+            max_restarts=0)
         for batch in scored.iter_batches(batch_size=None, batch_format="numpy"):
             valid = np.asarray(batch["valid"], dtype=bool)
             bad = [str(s) for s, ok in zip(batch["source_id"], valid) if not ok]

@@ -7,7 +7,10 @@ feature splits travel through Ray's object store) and the final evaluation all u
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from ncdlr.data.features import FeatureSplits
 from ncdlr.data.manifest import Manifest
@@ -25,6 +28,20 @@ class DatasetSummary:
     novel_rows: int
     class_names: list[str]
     train_counts: list[int]
+
+
+SUMMARY_FILE = "classes.json"  #: the data summary a run directory keeps (so using the run needs no data access)
+
+
+def save_summary(summary: DatasetSummary, run_dir: str | Path) -> None:
+    """Write ``summary`` as ``run_dir/classes.json`` (class names, Ks, Ku, training counts)."""
+    Path(run_dir, SUMMARY_FILE).write_text(json.dumps(dataclasses.asdict(summary), indent=1) + "\n")
+
+
+def load_summary(run_dir: str | Path) -> DatasetSummary | None:
+    """The summary :func:`save_summary` wrote, or None for a run directory without one (an older run)."""
+    path = Path(run_dir, SUMMARY_FILE)
+    return DatasetSummary(**json.loads(path.read_text())) if path.is_file() else None
 
 
 @dataclass

@@ -10,6 +10,7 @@ the frozen encoder that made the table (recorded in the table's metadata).
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,9 @@ from torch import nn
 
 from .config import Config, ConfigError, load_yaml
 from .names import display_names, read_names
+
+
+log = logging.getLogger(__name__)
 
 
 class RunError(ValueError):
@@ -70,14 +74,21 @@ def open_run(run_dir: str | Path, checkpoint: str = "") -> TrainedRun:
         checkpoint = pointer.read_text().strip()
     cfg = load_yaml(run / "config.yaml")
     payload = load_checkpoint(checkpoint)
-    num_known, data_novel, class_names, train_counts, meta = _data_summary(cfg)
+    num_known, data_novel, class_names, train_counts, meta = _data_summary(cfg, run)
     num_novel = model_num_novel(cfg, SimpleNamespace(num_novel=data_novel))
     return TrainedRun(run, cfg, checkpoint, payload, num_known, num_novel, class_names, train_counts, meta)
 
 
-def _data_summary(cfg: Config) -> tuple[int, int, list[str], list[int], dict[str, Any]]:
-    """``(Ks, Ku, class_names, train_counts, table metadata)`` of the run's data, reading no features."""
+def _data_summary(cfg: Config, run: Path) -> tuple[int, int, list[str], list[int], dict[str, Any]]:
+    """``(Ks, Ku, class_names, train_counts, table metadata)`` of the run's data: from the run directory's
+    ``classes.json`` (and the table's metadata when it can be read), else from the data, reading no features."""
+    from .run_data import load_summary
+
     endpoint = cfg.data.endpoint_url or None
+    saved = load_summary(run)
+    if saved is not None:
+        meta = _table_metadata(cfg.data.features, endpoint) if cfg.data.features else {}
+        return saved.num_known, saved.num_novel, list(saved.class_names), list(saved.train_counts), meta
     if cfg.data.features:
         from ncdlr.data.features import read_class_summary, read_metadata
 
@@ -88,6 +99,19 @@ def _data_summary(cfg: Config) -> tuple[int, int, list[str], list[int], dict[str
 
     manifest = read_manifest(cfg.data.uri, endpoint_url=endpoint)
     return manifest.num_known, manifest.num_novel, list(manifest.class_names), list(manifest.train_counts), {}
+
+
+def _table_metadata(uri: str, endpoint_url: str | None) -> dict[str, Any]:
+    """The run's table metadata (what made it: encoder, image size, source dataset); ``{}`` when the table
+    cannot be reached (only a head-only run applied to images needs it, and says so)."""
+    from ncdlr.data.features import FeatureTableError, read_metadata
+    from ncdlr.data.storage import StorageError
+
+    try:
+        return read_metadata(uri, endpoint_url=endpoint_url)
+    except (StorageError, FeatureTableError, OSError) as err:
+        log.warning("the run's feature table %s cannot be read (%s); using the run's classes.json", uri, err)
+        return {}
 
 
 def table_model(run: TrainedRun) -> nn.Module:

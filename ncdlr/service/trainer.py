@@ -9,6 +9,7 @@ final checkpoint.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -18,7 +19,9 @@ import torch
 
 from .config import Config, save_config
 from .entry import RunInterrupted
-from .run_data import TrainingData, load_training_data, model_for_table, pipeline_config
+from .run_data import TrainingData, load_training_data, model_for_table, pipeline_config, save_summary
+
+log = logging.getLogger(__name__)
 
 
 def resolve_use_gpu(setting: str) -> bool:
@@ -168,6 +171,7 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     the oracle prior's ``Ku``) before Ray starts; start or join Ray and check the cluster's checkpoint storage
     before anything is written; then write ``config.yaml`` and resolve ``model.num_novel``."""
     from .entry import init_ray
+    from .names import set_aside_names
     from .num_novel import fixed_prior_counts, resolve_num_novel
     from .preflight import check_cluster_storage, preflight
 
@@ -181,7 +185,10 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     check_cluster_storage(cfg, alive_nodes())  # a multi-node cluster needs storage every node reaches
     output = Path(cfg.run.output)
     output.mkdir(parents=True, exist_ok=True)
+    if cfg.run.overwrite and not cfg.run.resume and (old := set_aside_names(output)):
+        log.warning("replacing the run in %s: its cluster names moved to %s (new clusters, new names)", output, old)
     save_config(cfg, output / "config.yaml")
+    save_summary(data.summary, output)  # predict / gallery / name use the run without reaching its data
     if resolve_num_novel(cfg, data, output) is not None:  # model.num_novel=auto → the estimate, saved
         save_config(cfg, output / "config.yaml")
     fixed_prior_counts(cfg, data.summary)  # refuse prior=fixed with a Ku other than the data's before Ray Train starts

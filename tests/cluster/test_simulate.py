@@ -9,9 +9,12 @@ import secrets
 import shlex
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from ray.exceptions import AuthenticationError
 from ray.job_submission import JobSubmissionClient
+
+from ncdlr.data.predictions import read_predictions
 
 from cluster.simulate import (
     MIN_OBJECT_STORE_BYTES,
@@ -151,5 +154,11 @@ def test_embedded_default_job_on_two_nodes_writes_metrics(tmp_path):
     assert result.status == "SUCCEEDED", result.logs[-5000:]
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
+    # the gallery's predict of the test split (Ray Data actors, on the cluster) gives evaluate's predictions
+    evaluated = pq.read_table(output / "predictions.parquet").sort_by("source_id")
+    predicted = read_predictions(str(output / "gallery" / "predictions"))[0]
+    assert predicted.column("source_id").to_pylist() == evaluated.column("source_id").to_pylist()
+    assert predicted.column("pred").to_pylist() == evaluated.column("y_pred").to_pylist()
+    assert (output / "gallery" / "index.html").is_file() and any((output / "gallery" / "thumbs").iterdir())
     assert result.logs.count("[ncdlr] epoch 1/1 done") == 1  # progress once, not twice (Ray Train's print patch)
     assert cluster.leftover_processes() == []

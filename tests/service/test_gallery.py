@@ -106,3 +106,17 @@ def test_gallery_refuses_predictions_of_another_run(gallery_run, tmp_path):
     other, _ = make_run_dir(tmp_path)
     with pytest.raises(ConfigError, match="classes, but run"):
         build_gallery(str(other), str(tmp_path / "g"), predictions=str(run / "gallery" / "predictions"))
+
+
+def test_a_gallery_rebuilt_after_retraining_replaces_its_own_stale_predictions(tmp_path, ray_local):
+    import shutil
+
+    from ncdlr.data.predictions import read_metadata
+
+    run = write_image_run(tmp_path, seed=3)
+    build_gallery(str(run), str(run / "gallery"), progress=False)
+    shutil.copytree(run / "checkpoint", run / "checkpoint-2")  # the run trained again: a new last checkpoint
+    (run / "checkpoint.txt").write_text(str(run / "checkpoint-2") + "\n")
+    build_gallery(str(run), str(run / "gallery"), progress=False)
+    for folder in ("predictions", "train-novel"):
+        assert read_metadata(str(run / "gallery" / folder))["checkpoint"] == str(run / "checkpoint-2")

@@ -51,3 +51,13 @@ def test_the_name_command_writes_and_lists_names(tmp_path, capsys):
     assert read_names(run, TINY_KU) == {0: "fern", 3: "barn owl"}
     assert main(["name", str(run), "--set", "class_1=owl"]) == 2
     assert "not a novel cluster" in capsys.readouterr().err
+
+
+def test_set_aside_names_keeps_the_old_names_out_of_a_retrained_run(tmp_path):
+    from ncdlr.service.names import PREVIOUS_NAMES_FILE, set_aside_names
+
+    assert set_aside_names(tmp_path) is None
+    update_names(tmp_path, 4, {"novel-01": "owl"})
+    assert set_aside_names(tmp_path) == tmp_path / PREVIOUS_NAMES_FILE
+    assert read_names(tmp_path, 4) == {}  # the new clusters start unnamed
+    assert yaml.safe_load((tmp_path / PREVIOUS_NAMES_FILE).read_text()) == {"novel-01": "owl"}  # nothing lost

@@ -225,3 +225,22 @@ def test_the_predict_command_writes_its_stats(ray_local, image_run, tmp_path, ca
     assert main(["predict", str(image_run), "--data", str(folder), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert json.loads(lines[-2])["rows"] == 1 and lines[-1] == str(tmp_path / "o")
+
+
+def test_a_run_with_its_classes_json_predicts_new_images_after_its_data_is_gone(ray_local, tmp_path):
+    """``ncdlr train`` writes RUN/classes.json; a run whose training data has gone (the demo's embedded S3 server
+    stops with the demo) still predicts new images. Without the file, the missing data is named."""
+    import shutil
+
+    from ncdlr.service.config import load_yaml
+    from ncdlr.service.run_data import load_training_data, save_summary
+
+    run = write_image_run(tmp_path / "a", seed=4)
+    save_summary(load_training_data(load_yaml(run / "config.yaml").data).summary, run)
+    shutil.rmtree(run.parent / "data")
+    put_files(str(tmp_path / "new"), {"x.jpg": jpeg_bytes(np.random.default_rng(1), 48)})
+    assert predict_run(str(run), str(tmp_path / "new"), str(tmp_path / "p1"), progress=False)["rows"] == 1
+    assert open_run(run).names() == ["class_0", "class_1", "novel-00", "novel-01", "novel-02"]
+    (run / "classes.json").unlink()
+    with pytest.raises(ObjectNotFoundError, match="data"):
+        predict_run(str(run), str(tmp_path / "new"), str(tmp_path / "p2"), progress=False)
