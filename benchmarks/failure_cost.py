@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for case in ("warm-up", "uninterrupted", "actor", "worker"):  # the first run pays Ray Train's one-off start-up
         cfg = tiny_config(table, root / case, labeler={"gamma": 5.0},
-                          run={"num_workers": 1, "cpus_per_worker": 1.0, "max_failures": 1})
+                          run={"num_workers": 1, "cpus_per_worker": 1.0, "max_failures": 1, "checkpoint_every_s": 0.0})
         cfg.data.batch_size, cfg.optim.epochs, cfg.optim.warmup_epochs = 8, args.epochs, 1
         killer = Killer(root / case, case, args.after) if case in ("actor", "worker") else None
         if killer is not None:

@@ -89,6 +89,8 @@ class RunConfig:
     seed: int = 0
     max_failures: int = 0  #: Ray Train FailureConfig(max_failures)
     checkpoints_to_keep: int = 2
+    checkpoint_every_s: float = 60.0  #: checkpoint (and ray.train.report) at the end of the first epoch this many seconds after the last checkpoint, and after the last epoch; 0 → every epoch (the γ search forces 0: ASHA scores every epoch). A failure loses at most this much training
+    checkpoint_upload: str = "async"  #: "async": Ray Train uploads the checkpoint to run.storage_path in the background while the next epoch trains; "sync": the epoch waits for it
     resume: str = ""  #: checkpoint directory to resume from (exact resume)
     log_every: int = 20  #: steps between progress lines in the job log
     evaluate: bool = True  #: evaluate on the test split and write the report after training
@@ -115,6 +117,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "method.loss": ("auto", "mse", "ce"),
     "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
+    "run.checkpoint_upload": ("async", "sync"),
 }
 
 
@@ -174,7 +177,12 @@ def _choices(key: str) -> tuple[str, ...] | None:
     return _CHOICES.get(key)
 
 
+_MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0}  #: numeric keys with a lower bound
+
+
 def _check_choice(key: str, value: Any) -> None:
+    if key in _MINIMUM and value < _MINIMUM[key]:
+        raise ConfigError(f"config key {key!r}: must be >= {_MINIMUM[key]:g}, got {value!r}")
     if key == "model.num_novel":
         if value != "auto" and not (value.isdigit()):
             raise ConfigError(f"config key {key!r}: expected 'auto' or a non-negative integer "

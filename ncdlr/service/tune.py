@@ -131,9 +131,10 @@ class TrialSettings:
         return trial_gamma(gamma, self.val_num_novel, self.target_num_novel, self.gamma_transfer)
 
     def trial_config(self, gamma: float, alpha: float, output: Path) -> Config:
-        """The Config one trial trains: γ (transferred) and α set, the trial's resources, no final evaluation."""
+        """The Config one trial trains: γ (transferred) and α set, the trial's resources, no final evaluation, a
+        checkpoint every epoch (ASHA and the validation scorer read each epoch's report and checkpoint)."""
         cfg = apply_trial_params(self.cfg, self.trial_gamma(gamma), alpha)
-        cfg.run.output, cfg.run.evaluate = str(output), False
+        cfg.run.output, cfg.run.evaluate, cfg.run.checkpoint_every_s = str(output), False, 0.0
         cfg.run.num_workers, cfg.run.cpus_per_worker = self.workers, self.cpus_per_trial / self.workers
         cfg.run.use_gpu = "true" if self.gpus_per_trial > 0 else "false"
         return cfg

@@ -3,8 +3,12 @@
 Each worker builds its model, its method (with the labeler, :func:`ncdlr.methods.build_method`) and its
 optimiser once, restores the latest checkpoint (after a worker restart Ray hands it back; ``run.resume``
 names one from an earlier run) and re-seeds the shared buffer actor from it, wires the method's distributed
-parts (buffer replica, ``all_gather``, rank) once, then trains. Rank 0 checkpoints and reports once per epoch
-(``ray.train.report`` is slow, and ``Result.metrics`` needs a checkpoint).
+parts (buffer replica, ``all_gather``, rank) once, then trains. Each epoch's line goes to the driver's console
+board; ``ray.train.report`` — rank 0 with a checkpoint, the others with their metrics — happens on the
+:class:`CheckpointSchedule`: after the first epoch that ends ``run.checkpoint_every_s`` seconds after the last
+checkpoint (0: every epoch) and after the last epoch (``Result.metrics`` needs it). A report waits for Ray
+Train's controller to poll the workers (every 2 s by default), which on short epochs cost more than the
+training; the checkpoint is uploaded in the background (``run.checkpoint_upload = async``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -146,31 +151,51 @@ def validate(state: WorkerState, splits: FeatureSplits) -> dict[str, float]:
     return {f"val_{key}": float(scores[key]) for key in ("all", "known", "novel")}
 
 
-def gather_epoch_stats(state: WorkerState, metrics: dict[str, float], world: int) -> list:
-    """Sum ``bad_images`` over ranks and check ``τ`` agrees on all ranks; return every rank's RNG state."""
+def gather_epoch_stats(state: WorkerState, metrics: dict[str, float], world: int, checkpoint_due: bool
+                       ) -> tuple[list, bool]:
+    """Sum ``bad_images`` over ranks and check ``τ`` agrees on all ranks; return every rank's RNG state and rank
+    0's ``checkpoint_due`` (so every rank reports, or skips the report, at the same epochs)."""
     import torch.distributed as dist
 
     from .checkpoint import rng_state
 
     if world == 1:
-        return [rng_state()]
+        return [rng_state()], checkpoint_due
     bad = torch.tensor([metrics["bad_images"]], dtype=torch.float64)
     dist.all_reduce(bad)
     metrics["bad_images"] = float(bad)
-    rngs: list = [None] * world
-    dist.all_gather_object(rngs, rng_state())
-    taus: list = [None] * world
-    dist.all_gather_object(taus, state.method.imbalance_factor)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, (rng_state(), state.method.imbalance_factor, checkpoint_due))
+    taus = [tau for _, tau, _ in gathered]
     metrics["tau_rank_spread"] = max(taus) - min(taus)  # 0: every rank solved the same problem
-    return rngs
+    return [rng for rng, _, _ in gathered], bool(gathered[0][2])
+
+
+@dataclass
+class CheckpointSchedule:
+    """When rank 0 checkpoints: at the end of an epoch once ``every_s`` seconds have passed since the last
+    checkpoint (``every_s = 0``: every epoch), and always after the last epoch (``run.checkpoint_every_s``)."""
+
+    every_s: float
+    last_epoch: int
+    since: float = field(default_factory=time.monotonic)
+
+    def due(self, epoch: int) -> bool:
+        """Whether the epoch just finished (``epoch`` epochs done) ends with a checkpoint; restarts the clock if so."""
+        now = time.monotonic()
+        if epoch >= self.last_epoch or now - self.since >= self.every_s:
+            self.since = now
+            return True
+        return False
 
 
 def checkpoint_and_report(state: WorkerState, cfg: Config, metrics: dict[str, float], rngs: list, client, actor,
                           rank: int) -> None:
-    """Rank 0: check its buffer replica equals the actor's, write the checkpoint and report; others: report."""
+    """Rank 0: check its buffer replica equals the actor's, write the checkpoint and report it (uploaded in the
+    background with ``run.checkpoint_upload = async``); others: report the metrics."""
     import ray
     import ray.train
-    from ray.train import Checkpoint
+    from ray.train import Checkpoint, CheckpointUploadMode
 
     from .checkpoint import save_state
 
@@ -183,9 +208,15 @@ def checkpoint_and_report(state: WorkerState, cfg: Config, metrics: dict[str, fl
         buffer = ray.get(actor.snapshot.remote(client.step))[1]
         if not torch.equal(buffer["rows"], client.state_dict()["rows"]):  # both on the host
             raise RuntimeError(f"buffer replica of rank 0 differs from the buffer actor at step {client.step}")
-    with tempfile.TemporaryDirectory() as tmp:
-        save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)
-        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+    if cfg.run.checkpoint_upload == "sync":
+        with tempfile.TemporaryDirectory() as tmp:
+            save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+        return
+    tmp = tempfile.mkdtemp(prefix="ncdlr-checkpoint-")  # Ray deletes it once uploaded
+    save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)
+    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp),
+                     checkpoint_upload_mode=CheckpointUploadMode.ASYNC, delete_local_checkpoint_after_upload=True)
 
 
 # ---- the worker ----------------------------------------------------------------------------------------------
@@ -226,6 +257,7 @@ def train_worker(config: dict) -> None:
     batches = epoch_batches(cfg, features, rank, world, device)
     log = EpochLog(cfg, rank, steps, board=config.get("console"))
     log.start(state, world)
+    schedule = CheckpointSchedule(cfg.run.checkpoint_every_s, cfg.optim.epochs)
 
     # ---- training ---------------------------------------------------------------------------------------------
     try:
@@ -234,12 +266,13 @@ def train_worker(config: dict) -> None:
             metrics = run_epoch(state, batches(state.epoch), cfg.optim, on_step=log.step)
             if client is not None:
                 metrics["actor_wait_s_per_step"] = client.times.wait / max(client.times.steps, 1)
-            rngs = gather_epoch_stats(state, metrics, world)
+            rngs, due = gather_epoch_stats(state, metrics, world, schedule.due(state.epoch))
             metrics["epoch_s"] = time.perf_counter() - start
             if rank == 0 and features is not None and "val" in features.features:
                 metrics.update(validate(state, features))
-            log.epoch(state, metrics)
-            checkpoint_and_report(state, cfg, metrics, rngs, client, actor, rank)
+            log.epoch(state, metrics)  # the epoch's line reaches the driver's console either way
+            if due:  # a report waits for Ray Train's controller to poll (up to 2 s): only with a checkpoint
+                checkpoint_and_report(state, cfg, metrics, rngs, client, actor, rank)
     finally:
         if client is not None:  # every checkpoint flushed it; after a failure the buffer actor may be dead
             client.close(flush=False)

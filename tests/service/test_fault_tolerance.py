@@ -26,7 +26,8 @@ EPOCHS = 4
 
 def run_config(table: str, output: Path, **run):
     """4 epochs of a tiny table at batch 8 (≈ 40 steps an epoch: long enough to kill the actor mid-run)."""
-    cfg = tiny_config(table, output, labeler={"gamma": 5.0}, run={"num_workers": 1, "cpus_per_worker": 1.0, **run})
+    cfg = tiny_config(table, output, labeler={"gamma": 5.0},
+                      run={"num_workers": 1, "cpus_per_worker": 1.0, "checkpoint_every_s": 0.0, **run})
     cfg.data.batch_size, cfg.optim.epochs, cfg.optim.warmup_epochs = 8, EPOCHS, 1
     return cfg
 
@@ -112,6 +113,22 @@ def test_a_failed_run_names_its_last_checkpoint_and_resumes_from_it(ray_local, t
         assert resumed["test"][key] == pytest.approx(uninterrupted["test"][key], abs=1e-6), key
 
 
+def test_a_checkpoint_interval_saves_only_the_last_epoch_and_changes_nothing_else(ray_local, table, uninterrupted,
+                                                                                    tmp_path):
+    """``run.checkpoint_every_s`` longer than the run: every epoch's line, one report and checkpoint (after the last
+    epoch), and the same run as checkpointing every epoch (whose checkpoints are uploaded async)."""
+    from ncdlr.service.trainer import fit
+
+    output = tmp_path / "run"
+    result = fit(run_config(table, output, checkpoint_every_s=3600.0))
+    assert [load_checkpoint(path)["epoch"] for path in checkpoints(output)] == [EPOCHS]
+    assert [f"epoch {e}/{EPOCHS} done" in (output / "train.log").read_text() for e in range(1, EPOCHS + 1)] == \
+        [True] * EPOCHS
+    assert len(checkpoints(Path(uninterrupted["output"]))) == 2  # run.checkpoints_to_keep of one per epoch
+    for key in ("all", "known", "novel"):
+        assert result["test"][key] == pytest.approx(uninterrupted["test"][key], abs=1e-6), key
+
+
 def test_sigint_ends_the_cli_with_one_line_naming_the_checkpoint_and_exit_130(table, tmp_path):
     """Ctrl-C during ``ncdlr train`` (a real process, its own local Ray): Ray Train's handler aborts the run;
     the CLI writes ``checkpoint.txt``, prints one line naming the last checkpoint and how to resume, exit 130."""
@@ -122,7 +139,7 @@ def test_sigint_ends_the_cli_with_one_line_naming_the_checkpoint_and_exit_130(ta
 
     output = tmp_path / "run"
     cli = [sys.executable, "-m", "ncdlr.cli", "train", "--features", table, "--output", str(output),
-           "--batch-size", "8", "--epochs", "200", "--buffer-size", "64"]
+           "--batch-size", "8", "--epochs", "200", "--buffer-size", "64", "--run.checkpoint_every_s", "0"]
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     deadline = time.monotonic() + 300

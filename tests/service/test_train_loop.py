@@ -305,3 +305,13 @@ def test_validation_scores_the_val_split_only(splits):
     scores = validate(state, with_val)
     assert set(scores) == {"val_all", "val_known", "val_novel"}
     assert all(0.0 <= v <= 1.0 for v in scores.values())
+
+
+def test_the_checkpoint_schedule_saves_every_epoch_or_on_its_interval_and_always_at_the_end():
+    from ncdlr.service.worker import CheckpointSchedule
+
+    assert [CheckpointSchedule(0.0, 4).due(e) for e in range(1, 5)] == [True] * 4
+    hourly = CheckpointSchedule(3600.0, 4)
+    assert [hourly.due(e) for e in range(1, 5)] == [False, False, False, True]
+    hourly.since -= 3601  # an hour has passed since the last checkpoint
+    assert hourly.due(2) and not hourly.due(3)  # saved, and the clock restarted
