@@ -21,7 +21,7 @@ column             type                meaning
 
 Files: ``part-<id>.parquet`` (rows) and ``unreadable-<id>.parquet`` (``source_id`` of files that could not
 be decoded, with the ``reason``), each written whole (:func:`ncdlr.data.storage.write_parquet`), so a
-resumed ``predict`` skips every id already in either. The schema metadata (key ``ncdlr_predictions``) holds the
+resumed ``predict`` skips every id already in either; ``_done.json`` (:func:`write_done`) once it finished. The schema metadata (key ``ncdlr_predictions``) holds the
 run, checkpoint, data URI and the class names the rows were made with.
 """
 
@@ -41,6 +41,7 @@ import pyarrow.fs as pafs
 from ncdlr.data.storage import ObjectNotFoundError, join, resolve, with_retries, write_parquet
 
 METADATA_KEY = b"ncdlr_predictions"
+DONE_FILE = "_done.json"  #: written last by a predict that finished: its settings and counts
 PART_PREFIX = "part-"
 UNREADABLE_PREFIX = "unreadable-"
 TOP = 5  #: classes kept per row in ``top5`` (fewer when K < 5)
@@ -155,3 +156,26 @@ def read_unreadable(out_uri: str, endpoint_url: str | None = None) -> pa.Table:
     if not files:
         return pa.table({"source_id": pa.array([], pa.string()), "reason": pa.array([], pa.string())})
     return pads.dataset(files, filesystem=fs, format="parquet").to_table().sort_by("source_id")
+
+
+def write_done(out_uri: str, record: dict[str, Any], endpoint_url: str | None = None) -> None:
+    """Mark ``out_uri`` finished: ``_done.json`` holding ``record`` (the predict's settings and counts)."""
+    fs, path = resolve(out_uri, endpoint_url)
+    if isinstance(fs, pafs.LocalFileSystem):  # S3 has no folders to make (and rclone refuses folder markers)
+        fs.create_dir(path, recursive=True)
+    with_retries(lambda: _put(fs, join(path, DONE_FILE), json.dumps(record, indent=1).encode()), out_uri)
+
+
+def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def read_done(out_uri: str, endpoint_url: str | None = None) -> dict[str, Any] | None:
+    """The record of a finished predict into ``out_uri`` (None while unfinished or absent)."""
+    fs, path = resolve(out_uri, endpoint_url)
+    try:
+        with fs.open_input_stream(join(path, DONE_FILE)) as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None

@@ -83,6 +83,12 @@ class Encoder(nn.Module):
         self.cached_blocks = int(blocks)
         return self
 
+    def use_image_input(self) -> Encoder:
+        """From now on ``forward`` takes images again: ``stem`` then the last blocks, the same function as on the
+        cached activations (a model trained on an activation cache, applied to new images)."""
+        self.cached_blocks = 0
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cached_blocks:
             return self._split.tail(self.backbone, x, self.num_blocks - self.cached_blocks)

@@ -9,7 +9,9 @@ metrics), the true class most of its rows have and that share (its purity).
 :func:`ncdlr.service.gallery_page.render_gallery` writes the page.
 
 Predictions come from ``--predictions`` (a folder of ``ncdlr predict``) or, by default, from a ``predict`` of the
-run's own test split into ``OUT/predictions``. Thumbnails are read from where those predictions came from: the
+run's own test split into ``OUT/predictions``. The pseudo-label counts come from a ``predict`` of the novel
+training split kept in ``RUN/novel-predictions`` (made once per checkpoint; ``make demo`` makes it while its data
+is served, so later galleries of the demo run need only the images they show). Thumbnails are read from where those predictions came from: the
 folder of images, the prepared dataset, or — for a feature-table run — the dataset the table was embedded from.
 """
 
@@ -31,6 +33,7 @@ from .trained_run import TrainedRun, open_run
 log = logging.getLogger(__name__)
 
 THUMB_SIDE = 160  #: longest side of a thumbnail, px
+NOVEL_PREDICTIONS = "novel-predictions"  #: RUN/<this>: the model's predictions of the novel training split
 
 
 def _thumb_name(source_id: str) -> str:
@@ -108,7 +111,7 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
 
     Needs Ray started when it predicts itself (no ``predictions``) or the run trained on images.
     """
-    from ncdlr.data.predictions import read_predictions
+    from ncdlr.data.predictions import read_done, read_predictions
     from ncdlr.metrics import hungarian_mapping
 
     from .predict import predict_run
@@ -125,10 +128,11 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
     if meta.get("num_classes") != run.num_classes or meta.get("num_known") != run.num_known:
         raise ConfigError(f"{predictions} holds predictions over {meta.get('num_known')} known / "
                          f"{meta.get('num_classes')} classes, but run {run_dir} has {run.num_known} / {run.num_classes}")
-    train_novel = str(out / "train-novel")
+    train_novel = str(run.run_dir / NOVEL_PREDICTIONS)  # kept with the run: later galleries need no training data
     _drop_stale(Path(train_novel), run)
-    predict_run(run_dir, data, train_novel, split="novel", checkpoint=checkpoint, endpoint_url=endpoint_url,
-                progress=progress)
+    if read_done(train_novel) is None:
+        predict_run(run_dir, data, train_novel, split="novel", checkpoint=checkpoint, endpoint_url=endpoint_url,
+                    progress=progress)
     novel_counts = pseudo_label_counts(read_predictions(train_novel, ["pred"])[0].column("pred").to_numpy(),
                                        run.num_classes)
 
@@ -184,9 +188,9 @@ def _drop_stale(folder: Path, run: TrainedRun) -> None:
     retrained run in the same directory); one made from this checkpoint is kept and resumed."""
     import shutil
 
-    from ncdlr.data.predictions import read_metadata
+    from ncdlr.data.predictions import read_done, read_metadata
 
-    meta = read_metadata(str(folder)) if folder.is_dir() else {}
+    meta = (read_metadata(str(folder)) or read_done(str(folder)) or {}) if folder.is_dir() else {}
     if meta and (meta.get("checkpoint") != run.checkpoint or meta.get("run") != str(run.run_dir.absolute())):
         log.info("gallery: replacing %s (made from checkpoint %s)", folder, meta.get("checkpoint"))
         shutil.rmtree(folder)

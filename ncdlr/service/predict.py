@@ -161,7 +161,7 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
     Returns ``{"rows", "skipped", "unreadable", "seconds", "images_per_s", "kind", "out"}`` (``rows``: written
     by this call; ``skipped``: already under ``out_uri``). Needs Ray started for images and datasets.
     """
-    from ncdlr.data.predictions import done_source_ids, read_metadata
+    from ncdlr.data.predictions import done_source_ids, read_metadata, write_done
 
     run = open_run(run_dir, checkpoint)
     kind = data_kind(data_uri, endpoint_url)
@@ -187,8 +187,10 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
     writer.flush()
     seconds = time.perf_counter() - start
     total = writer.rows + writer.unreadable
-    return {"rows": writer.rows, "skipped": len(done), "unreadable": writer.unreadable, "seconds": seconds,
-            "images_per_s": total / max(seconds, 1e-9), "kind": kind, "out": out_uri}
+    stats = {"rows": writer.rows, "skipped": len(done), "unreadable": writer.unreadable, "seconds": seconds,
+             "images_per_s": total / max(seconds, 1e-9), "kind": kind, "out": out_uri}
+    write_done(out_uri, {**metadata, **stats}, endpoint_url)
+    return stats
 
 
 def run_keys(run: TrainedRun) -> list[str]:

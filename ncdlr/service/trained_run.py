@@ -9,7 +9,6 @@ the frozen encoder that made the table (recorded in the table's metadata).
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,9 +165,7 @@ def image_input(run: TrainedRun) -> ImageInput:
 def image_model(run: TrainedRun) -> nn.Module:
     """The run's model on images ``[n, 3, S, S]`` (scaled for :func:`image_input`'s encoder), in eval mode:
     ``forward → z [n, D]`` unit norm, ``logits(z) → [n, K]`` cosines."""
-    from ncdlr.models import build_encoder, build_model
-
-    from .checkpoint import load_model_state
+    from ncdlr.models import build_encoder
 
     spec = image_input(run)
     if run.cfg.model.encoder == "identity":
@@ -176,11 +173,9 @@ def image_model(run: TrainedRun) -> nn.Module:
         encoder = build_encoder(spec.encoder, pretrained=str(meta.get("pretrained", "")), trainable_blocks=0,
                                 image_size=spec.image_size).eval()
         return _EmbedThenHead(encoder, table_model(run)).eval()
-    model_cfg = copy.deepcopy(run.cfg.model)
-    model_cfg.cached_blocks = 0  # the full encoder: the cached stem's weights are the encoder's own
-    model = build_model(model_cfg, run.num_known, run.num_novel, image_size=spec.image_size)
-    load_model_state(model, run.payload["model"], run.payload["source"])
-    return model.eval()
+    model = table_model(run)  # built as trained: a cache run's frozen stem from the same weights (or seed)
+    model.encoder.use_image_input()  # ... now run on images: stem, then the trained blocks
+    return model
 
 
 def check_table_fits(run: TrainedRun, meta: dict[str, Any], uri: str) -> None:

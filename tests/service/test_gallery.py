@@ -40,7 +40,7 @@ def test_the_gallery_shows_every_class_with_the_numbers_of_the_predictions(galle
     shown = read_gallery(page)
     assert shown["broken_images"] == [] and shown["image_count"] > 0
     table = read_predictions(str(run / "gallery" / "predictions"))[0].to_pandas()
-    novel_train = read_predictions(str(run / "gallery" / "train-novel"))[0].to_pandas()
+    novel_train = read_predictions(str(run / "novel-predictions"))[0].to_pandas()
     sections = {s["index"]: s for s in shown["sections"]}
     assert sorted([*sections, *shown["empty"]]) == list(range(KS + KU))  # every class listed, none hidden
     counts, pseudo = Counter(table.pred), Counter(novel_train.pred)
@@ -118,5 +118,22 @@ def test_a_gallery_rebuilt_after_retraining_replaces_its_own_stale_predictions(t
     shutil.copytree(run / "checkpoint", run / "checkpoint-2")  # the run trained again: a new last checkpoint
     (run / "checkpoint.txt").write_text(str(run / "checkpoint-2") + "\n")
     build_gallery(str(run), str(run / "gallery"), progress=False)
-    for folder in ("predictions", "train-novel"):
-        assert read_metadata(str(run / "gallery" / folder))["checkpoint"] == str(run / "checkpoint-2")
+    for folder in (run / "gallery" / "predictions", run / "novel-predictions"):
+        assert read_metadata(str(folder))["checkpoint"] == str(run / "checkpoint-2")
+
+
+def test_once_a_run_has_its_novel_predictions_a_gallery_of_new_images_needs_no_training_data(tmp_path, ray_local):
+    import shutil
+
+    from ncdlr.service.config import load_yaml
+    from ncdlr.service.predict import predict_run
+    from ncdlr.service.run_data import load_training_data, save_summary
+
+    run = write_image_run(tmp_path, seed=5)
+    save_summary(load_training_data(load_yaml(run / "config.yaml").data).summary, run)  # as `ncdlr train` does
+    build_gallery(str(run), str(run / "gallery"), progress=False)  # makes RUN/novel-predictions
+    shutil.rmtree(tmp_path / "data")  # e.g. the demo's S3 server has stopped
+    put_files(str(tmp_path / "new"), NEW_IMAGES)
+    predict_run(str(run), str(tmp_path / "new"), str(tmp_path / "pred"), embeddings=True, progress=False)
+    page = build_gallery(str(run), str(tmp_path / "g"), predictions=str(tmp_path / "pred"), progress=False)
+    assert page.is_file() and len(list((tmp_path / "g" / "thumbs").iterdir())) == 4

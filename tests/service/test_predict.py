@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from ncdlr.data.image_files import EmptyImageFolderError
-from ncdlr.data.predictions import read_predictions, read_unreadable
+from ncdlr.data.predictions import read_done, read_predictions, read_unreadable
 from ncdlr.data.shards import write_dataset
 from ncdlr.data.storage import ObjectNotFoundError, resolve
 from ncdlr.models import build_model
@@ -128,6 +128,7 @@ def test_predict_over_an_s3_prefix_writes_one_row_per_readable_image(ray_local, 
     assert table.column("source_id").to_pylist() == readable  # other sizes and formats included, .txt ignored
     assert read_unreadable(out).column("source_id").to_pylist() == ["c/broken.jpg"]  # counted and listed
     assert stats["rows"] == 4 and stats["unreadable"] == 1 and meta["kind"] == "images"
+    assert read_done(out)["rows"] == 4  # finished, and marked so (on S3 too)
     assert table.column("label").null_count == 4 and table.column("split").null_count == 4
     z = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
     np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1.0, atol=1e-5)  # unit-norm z [n, D]
@@ -244,3 +245,35 @@ def test_a_run_with_its_classes_json_predicts_new_images_after_its_data_is_gone(
     (run / "classes.json").unlink()
     with pytest.raises(ObjectNotFoundError, match="data"):
         predict_run(str(run), str(tmp_path / "new"), str(tmp_path / "p2"), progress=False)
+
+
+def test_a_run_trained_on_an_activation_cache_scores_images_as_it_scores_their_cached_activations(tmp_path):
+    """A tiny_cnn cache run (random frozen stem drawn from the cache's fixed seed): its image model on images equals
+    the trained model on the stem's activations of the same images, so predict on new images applies the very
+    function that was trained and evaluated."""
+    from ncdlr.service.run_data import DatasetSummary, save_summary
+    from ncdlr.service.trained_run import image_input, image_model, table_model
+
+    cfg = Config()
+    cfg.data.features, cfg.data.image_size = str(tmp_path / "missing-cache"), 32
+    cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head, cfg.model.cached_blocks = "tiny_cnn", 1, "linear", 1
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(cfg, run / "config.yaml")
+    save_summary(DatasetSummary(KS, KU, 0, 10, [f"c{k}" for k in range(KS + KU)], [5] * (KS + KU)), run)
+    torch.manual_seed(5)
+    model = build_model(cfg.model, KS, KU, image_size=32)
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.normal_(0, 3.0)
+    save_state(run / "checkpoint", local_state(cfg, model, 1), buffer=None, rng=[rng_state()], config=cfg.to_dict())
+    (run / "checkpoint.txt").write_text(str(run / "checkpoint") + "\n")
+
+    trained = open_run(run)
+    assert image_input(trained).image_size == 32
+    images = torch.randn(6, 3, 32, 32)
+    on_cache, on_images = table_model(trained), image_model(trained)
+    with torch.no_grad():
+        expected = on_cache.logits(on_cache(on_cache.encoder.stem(images, 1)))
+        got = on_images.logits(on_images(images))
+    torch.testing.assert_close(got, expected)
