@@ -111,28 +111,19 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
 
     Needs Ray started when it predicts itself (no ``predictions``) or the run trained on images.
     """
-    from ncdlr.data.predictions import read_done, read_predictions
+    from ncdlr.data.predictions import read_predictions
     from ncdlr.metrics import hungarian_mapping
-
-    from .predict import predict_run
 
     run = open_run(run_dir, checkpoint)
     out = Path(out_dir)
-    data = run.cfg.data.features or run.cfg.data.uri
     if not predictions:
-        predictions = str(out / "predictions")
-        _drop_stale(Path(predictions), run)
-        predict_run(run_dir, data, predictions, split="test", checkpoint=checkpoint, embeddings=True,
-                    endpoint_url=endpoint_url, progress=progress)
+        predictions = _own_predictions(run, out / "predictions", "test", True, endpoint_url, progress)
     table, meta = read_predictions(predictions, endpoint_url=endpoint_url)
     if meta.get("num_classes") != run.num_classes or meta.get("num_known") != run.num_known:
         raise ConfigError(f"{predictions} holds predictions over {meta.get('num_known')} known / "
                          f"{meta.get('num_classes')} classes, but run {run_dir} has {run.num_known} / {run.num_classes}")
-    train_novel = str(run.run_dir / NOVEL_PREDICTIONS)  # kept with the run: later galleries need no training data
-    _drop_stale(Path(train_novel), run)
-    if read_done(train_novel) is None:
-        predict_run(run_dir, data, train_novel, split="novel", checkpoint=checkpoint, endpoint_url=endpoint_url,
-                    progress=progress)
+    # the novel split's predictions stay with the run: later galleries need no access to the training data
+    train_novel = _own_predictions(run, run.run_dir / NOVEL_PREDICTIONS, "novel", False, endpoint_url, progress)
     novel_counts = pseudo_label_counts(read_predictions(train_novel, ["pred"])[0].column("pred").to_numpy(),
                                        run.num_classes)
 
@@ -145,7 +136,7 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
                                 pred[~np.isnan(labels)]) if has_labels else {}
     mean_logits = _mean_known_logits(run, table, pred)
 
-    names, keys = run.names(), _keys(run)
+    names, keys = run.names(), run.keys()
     chosen: dict[int, tuple[list[int], list[int]]] = {}
     for c in range(run.num_classes):
         rows = np.flatnonzero(pred == c)
@@ -183,23 +174,25 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
     return render_gallery(page, out)
 
 
-def _drop_stale(folder: Path, run: TrainedRun) -> None:
-    """Delete one of the gallery's own prediction folders when it was made from another run or checkpoint (a
-    retrained run in the same directory); one made from this checkpoint is kept and resumed."""
+def _own_predictions(run: TrainedRun, folder: Path, split: str, embeddings: bool, endpoint_url: str | None,
+                     progress: bool) -> str:
+    """The gallery's own predict of ``split`` of the run's data into ``folder``: kept when a
+    finished one of this checkpoint is there, resumed when unfinished, redone when made from another checkpoint
+    (the run trained again in the same directory). Returns the folder."""
     import shutil
 
     from ncdlr.data.predictions import read_done, read_metadata
+
+    from .predict import predict_run
 
     meta = (read_metadata(str(folder)) or read_done(str(folder)) or {}) if folder.is_dir() else {}
     if meta and (meta.get("checkpoint") != run.checkpoint or meta.get("run") != str(run.run_dir.absolute())):
         log.info("gallery: replacing %s (made from checkpoint %s)", folder, meta.get("checkpoint"))
         shutil.rmtree(folder)
-
-
-def _keys(run: TrainedRun) -> list[str]:
-    from .names import class_keys
-
-    return class_keys(run.class_names, run.num_known, run.num_novel)
+    if read_done(str(folder)) is None:
+        predict_run(str(run.run_dir), run.cfg.data.features or run.cfg.data.uri, str(folder), split=split,
+                    checkpoint=run.checkpoint, embeddings=embeddings, endpoint_url=endpoint_url, progress=progress)
+    return str(folder)
 
 
 def _mean_known_logits(run: TrainedRun, table, pred: np.ndarray) -> np.ndarray | None:

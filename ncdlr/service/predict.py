@@ -17,9 +17,10 @@ resumes where it stopped: the same command skips every ``source_id`` already und
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -93,14 +94,15 @@ class _Writer:
     """Collects prediction batches and writes a part whenever ``rows_per_part`` rows are pending."""
 
     out_uri: str
-    run: TrainedRun
+    num_known: int
     names: list[str]
     metadata: dict[str, Any]
     rows_per_part: int
     endpoint_url: str | None
-    rows: int = 0
+    rows: int = 0  # written
     unreadable: int = 0
-    pending: list[PredictionRows] | None = None
+    pending: list[PredictionRows] = field(default_factory=list)
+    pending_rows: int = 0
 
     def add(self, rows: PredictionRows, bad_ids: list[str]) -> None:
         from ncdlr.data.predictions import write_unreadable
@@ -110,8 +112,10 @@ class _Writer:
             self.unreadable += len(bad_ids)
             for source_id in bad_ids:
                 log.warning("predict: unreadable image %s (listed under %s)", source_id, self.out_uri)
-        self.pending = (self.pending or []) + ([rows] if len(rows) else [])
-        if sum(len(r) for r in self.pending) >= self.rows_per_part:
+        if len(rows):
+            self.pending.append(rows)
+            self.pending_rows += len(rows)
+        if self.pending_rows >= self.rows_per_part:
             self.flush()
 
     def flush(self) -> None:
@@ -119,22 +123,23 @@ class _Writer:
 
         if not self.pending:
             return
-        parts = self.pending
 
-        def cat(name: str):
-            values = [getattr(r, name) for r in parts]
-            return None if values[0] is None else (sum(values, []) if isinstance(values[0], list) else np.concatenate(values))
+        def joined(name: str):
+            values = [getattr(r, name) for r in self.pending]
+            if values[0] is None:
+                return None
+            return list(itertools.chain.from_iterable(values)) if isinstance(values[0], list) else np.concatenate(values)
 
-        merged = PredictionRows(**{name: cat(name) for name in PredictionRows.__dataclass_fields__})
-        write_part(self.out_uri, prediction_table(merged, self.run.num_known, self.names, self.metadata),
+        merged = PredictionRows(**{name: joined(name) for name in PredictionRows.__dataclass_fields__})
+        write_part(self.out_uri, prediction_table(merged, self.num_known, self.names, self.metadata),
                    self.endpoint_url)
-        self.rows += len(merged)
-        self.pending = []
+        self.rows += self.pending_rows
+        self.pending, self.pending_rows = [], 0
 
 
 def data_kind(uri: str, endpoint_url: str | None = None) -> str:
-    """``"dataset"`` (a ``manifest.json`` at ``uri``), ``"table"`` (a parquet file, or a folder of parquet files
-    with an ``embedding``/``activation`` column) or ``"images"`` (anything else: a folder of image files)."""
+    """``"dataset"`` (a ``manifest.json`` at ``uri``), ``"table"`` (a ``.parquet`` file, or a folder with
+    ``.parquet`` files at its top) or ``"images"`` (anything else: a folder of image files)."""
     import pyarrow.fs as pafs
 
     from ncdlr.data.manifest import MANIFEST_NAME
@@ -167,7 +172,7 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
     kind = data_kind(data_uri, endpoint_url)
     metadata = {"run": str(run.run_dir.absolute()), "checkpoint": run.checkpoint, "data": data_uri, "kind": kind,
                 "split": split if kind != "images" else "", "num_known": run.num_known,
-                "num_classes": run.num_classes, "keys": run_keys(run), "embeddings": embeddings}
+                "num_classes": run.num_classes, "keys": run.keys(), "embeddings": embeddings}
     old = read_metadata(out_uri, endpoint_url)
     changed = {k: (old.get(k), metadata[k]) for k in ("run", "checkpoint", "data", "split", "embeddings")
                if old and old.get(k) != metadata[k]}
@@ -176,7 +181,7 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
                           f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
                           "choose another --out or delete it")
     done = done_source_ids(out_uri, endpoint_url)
-    writer = _Writer(out_uri, run, run.names(), metadata, rows_per_part, endpoint_url)
+    writer = _Writer(out_uri, run.num_known, run.names(), metadata, rows_per_part, endpoint_url)
     start = time.perf_counter()
     if kind == "table":
         _predict_table(run, data_uri, split, writer, done, embeddings, batch_size, endpoint_url)
@@ -191,13 +196,6 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
              "images_per_s": total / max(seconds, 1e-9), "kind": kind, "out": out_uri}
     write_done(out_uri, {**metadata, **stats}, endpoint_url)
     return stats
-
-
-def run_keys(run: TrainedRun) -> list[str]:
-    """``[K]`` stable class keys of the run (known names, ``novel-NN``)."""
-    from .names import class_keys
-
-    return class_keys(run.class_names, run.num_known, run.num_novel)
 
 
 def _rows_from(batch: dict, valid: np.ndarray, embeddings: bool) -> PredictionRows:

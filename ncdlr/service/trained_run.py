@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .config import Config, ConfigError, load_yaml
-from .names import display_names, read_names
+from .names import class_keys, display_names, read_names
 
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,10 @@ class TrainedRun:
     def names(self) -> list[str]:
         """``[K]`` display names: known classes by name, novel clusters ``novel-NN`` or their ``names.yaml`` name."""
         return display_names(self.class_names, self.num_known, self.num_novel, read_names(self.run_dir, self.num_novel))
+
+    def keys(self) -> list[str]:
+        """``[K]`` stable keys: known class names, ``novel-NN`` for novel clusters."""
+        return class_keys(self.class_names, self.num_known, self.num_novel)
 
 
 def open_run(run_dir: str | Path, checkpoint: str = "") -> TrainedRun:
