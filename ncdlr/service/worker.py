@@ -208,15 +208,11 @@ def checkpoint_and_report(state: WorkerState, cfg: Config, metrics: dict[str, fl
         buffer = ray.get(actor.snapshot.remote(client.step))[1]
         if not torch.equal(buffer["rows"], client.state_dict()["rows"]):  # both on the host
             raise RuntimeError(f"buffer replica of rank 0 differs from the buffer actor at step {client.step}")
-    if cfg.run.checkpoint_upload == "sync":
-        with tempfile.TemporaryDirectory() as tmp:
-            save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
-        return
     tmp = tempfile.mkdtemp(prefix="ncdlr-checkpoint-")  # Ray deletes it once uploaded
     save_state(tmp, state, buffer=buffer, rng=rngs, config=cfg.to_dict(), metrics=metrics)
-    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp),
-                     checkpoint_upload_mode=CheckpointUploadMode.ASYNC, delete_local_checkpoint_after_upload=True)
+    mode = CheckpointUploadMode.ASYNC if cfg.run.checkpoint_upload == "async" else CheckpointUploadMode.SYNC
+    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp), checkpoint_upload_mode=mode,
+                     delete_local_checkpoint_after_upload=True)
 
 
 # ---- the worker ----------------------------------------------------------------------------------------------
