@@ -16,3 +16,5 @@ timeout 200 python3 -m ncdlr.cli train --features /tmp/f.parquet --output /tmp/r
 cp /tmp/run/metrics.json /tmp/run/train.log $OUT/ 2>/dev/null
 echo "== bench_gpu"
 timeout 200 python3 benchmarks/bench_gpu.py --out $OUT 2>&1 | tail -40
+echo "== bench_gpu_train (issue 15): the service's images/s against the in-memory step ceiling"
+timeout 240 python3 benchmarks/bench_gpu_train.py 2>&1 | tail -3 | tee $OUT/gpu_train.json

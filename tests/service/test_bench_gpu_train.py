@@ -1,0 +1,28 @@
+"""``benchmarks/bench_gpu_train.py --smoke``: the GPU throughput benchmark's wiring, run on CPU at tiny sizes.
+
+A fake of the GPU measurement only in that it runs on the CPU (CI has no GPU): the Ray Train run, Ray Data from
+local shards and the in-memory ceiling are the real ones; the numbers are not meaningful, the keys are.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_the_smoke_run_prints_one_json_line_with_every_figure():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), "--smoke"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert line["smoke"] is True and line["mfu"] is None  # no GPU: no peak, no MFU
+    assert line["images_per_s"] > 0 and line["ceiling_images_per_s"] > 0
+    assert line["ratio"] == pytest.approx(line["images_per_s"] / line["ceiling_images_per_s"], abs=1e-3)
+    assert 0.0 <= line["data_share"] <= 1.0
