@@ -13,7 +13,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import sys
 
 NAME = "name"
 HELP = "name the novel clusters of a run (writes RUN/names.yaml, used by predict and gallery)"
@@ -28,10 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ncdlr.service.entry import run_main
     from ncdlr.service.names import NamesError, novel_key, update_names
-    from ncdlr.service.trained_run import RunError, open_run
+    from ncdlr.service.trained_run import open_run
 
-    try:
+    def main() -> int:
         assign = {}
         for item in args.set:
             key, sep, value = item.partition("=")
@@ -40,13 +40,11 @@ def run(args: argparse.Namespace) -> int:
             assign[key.strip()] = value.strip().strip('"').strip("'")
         trained = open_run(args.run)
         names = update_names(args.run, trained.num_novel, assign, args.unset) if (assign or args.unset) else None
-    except (NamesError, RunError, FileNotFoundError, ValueError) as err:
-        print(f"ncdlr name: {err}", file=sys.stderr)
-        return 2
-    shown = trained.names()[trained.num_known:]
-    for j, name in enumerate(shown):
-        key = novel_key(j)
-        print(f"{key}  {name}" if name != key else key)
-    if names is not None:
-        print(f"[ncdlr] {len(names)} named cluster(s) in {args.run}/names.yaml")
-    return 0
+        for j, name in enumerate(trained.names()[trained.num_known:]):
+            key = novel_key(j)
+            print(f"{key}  {name}" if name != key else key)
+        if names is not None:
+            print(f"[ncdlr] {len(names)} named cluster(s) in {args.run}/names.yaml")
+        return 0
+
+    return run_main("ncdlr name", main)

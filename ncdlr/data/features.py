@@ -429,21 +429,6 @@ def write_table_part(uri: str, activations: np.ndarray, labels: np.ndarray, spli
                   endpoint_url)
 
 
-def written_source_ids(uri: str, *, endpoint_url: str | None = None) -> set[str]:
-    """``source_id`` of every row in the parts already under the table folder ``uri`` (empty when none): what a
-    resumed ``embed`` skips."""
-    fs, path = resolve(uri, endpoint_url)
-    info = with_retries(lambda: fs.get_file_info(path), uri)
-    if info.type != pafs.FileType.Directory:
-        return set()
-    files = [f.path for f in with_retries(lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)), uri)
-             if f.type == pafs.FileType.File and f.path.endswith(".parquet") and not f.base_name.startswith(".")]
-    if not files:
-        return set()
-    table = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["source_id"])
-    return set(table.column("source_id").to_pylist())
-
-
 # ------------------------------------------------------------------------------------------ Ray Data
 
 

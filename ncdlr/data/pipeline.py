@@ -404,6 +404,12 @@ def limit_memory(dataset: Any, cfg: PipelineConfig) -> None:
         object_store_memory=cfg.object_store_limit_bytes)
 
 
+def without_source_ids(batch: dict[str, np.ndarray], done: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows of a numpy batch whose ``source_id`` is not in ``done`` (``map_batches``: what a resumed job skips)."""
+    keep = ~np.isin(np.asarray(batch["source_id"], dtype=object), done)
+    return {key: value[keep] for key, value in batch.items()}
+
+
 def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
     """Rows → ``view1``, ``view2``, ``label``, ``split``, ``class_name``, ``source_id``, ``valid`` (False for an
     undecodable image, whose views are zeros).

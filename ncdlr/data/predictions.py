@@ -21,7 +21,7 @@ column             type                meaning
 
 Files: ``part-<id>.parquet`` (rows) and ``unreadable-<id>.parquet`` (``source_id`` of files that could not
 be decoded, with the ``reason``), each written whole (:func:`ncdlr.data.storage.write_parquet`), so a
-resumed ``predict`` skips every id already in either; ``_done.json`` (:func:`write_done`) once it finished. The schema metadata (key ``ncdlr_predictions``) holds the
+resumed ``predict`` skips every id already in either (``storage.source_ids_under``); ``_done.json`` (:func:`write_done`) once it finished. The schema metadata (key ``ncdlr_predictions``) holds the
 run, checkpoint, data URI and the class names the rows were made with.
 """
 
@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
-from ncdlr.data.storage import ObjectNotFoundError, join, resolve, with_retries, write_parquet
+from ncdlr.data.storage import ObjectNotFoundError, join, put_bytes, resolve, with_retries, write_parquet
 
 METADATA_KEY = b"ncdlr_predictions"
 DONE_FILE = "_done.json"  #: written last by a predict that finished: its settings and counts
@@ -115,18 +115,6 @@ def _files(out_uri: str, prefix: str, endpoint_url: str | None) -> tuple[pafs.Fi
                       and e.base_name.endswith(".parquet"))
 
 
-def done_source_ids(out_uri: str, endpoint_url: str | None = None) -> set[str]:
-    """Every ``source_id`` already written under ``out_uri`` (predicted or listed unreadable): what a resumed
-    ``predict`` skips. Empty for a new folder."""
-    done: set[str] = set()
-    for prefix in (PART_PREFIX, UNREADABLE_PREFIX):
-        fs, files = _files(out_uri, prefix, endpoint_url)
-        if files:
-            table = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["source_id"])
-            done.update(table.column("source_id").to_pylist())
-    return done
-
-
 def read_metadata(out_uri: str, endpoint_url: str | None = None) -> dict[str, Any]:
     """The metadata of the first part under ``out_uri`` (``{}`` when there is none yet)."""
     import pyarrow.parquet as pq
@@ -163,12 +151,7 @@ def write_done(out_uri: str, record: dict[str, Any], endpoint_url: str | None = 
     fs, path = resolve(out_uri, endpoint_url)
     if isinstance(fs, pafs.LocalFileSystem):  # S3 has no folders to make (and rclone refuses folder markers)
         fs.create_dir(path, recursive=True)
-    with_retries(lambda: _put(fs, join(path, DONE_FILE), json.dumps(record, indent=1).encode()), out_uri)
-
-
-def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    with fs.open_output_stream(path) as out:
-        out.write(data)
+    with_retries(lambda: put_bytes(fs, join(path, DONE_FILE), json.dumps(record, indent=1).encode()), out_uri)
 
 
 def read_done(out_uri: str, endpoint_url: str | None = None) -> dict[str, Any] | None:

@@ -37,7 +37,7 @@ from ncdlr.data.manifest import (
     write_manifest,
 )
 from ncdlr.data.records import SPLITS, ClassInfo, ImageRecord
-from ncdlr.data.storage import join, resolve, with_retries, without_dir_markers
+from ncdlr.data.storage import join, put_bytes, resolve, with_retries, without_dir_markers
 
 log = logging.getLogger(__name__)
 
@@ -348,15 +348,10 @@ def _write_stamp(fs: pafs.FileSystem, path: str, entries: dict[str, dict], where
     body = {"format": STAMP_FORMAT, "note": "shards whose SHA-256 matched the manifest at this size and mtime",
             "shards": dict(sorted(entries.items()))}
     try:
-        with_retries(lambda: _put(fs, path, json.dumps(body, indent=1).encode()), where)
+        with_retries(lambda: put_bytes(fs, path, json.dumps(body, indent=1).encode()), where)
     except Exception as exc:  # noqa: BLE001 - the check itself passed; only the next run's shortcut is lost
         log.warning("%s: could not write the verification stamp (%s); the next run hashes the shards again",
                     where, exc)
-
-
-def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    with fs.open_output_stream(path) as out:
-        out.write(data)
 
 
 def shard_paths(uri: str, manifest: Manifest, splits: Iterable[str] | None = None,

@@ -447,6 +447,28 @@ def resolve(uri: str, endpoint_url: str | None = None) -> tuple[pafs.FileSystem,
     return pafs.LocalFileSystem(), str(Path(uri).expanduser().absolute())
 
 
+def put_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` as the whole object/file ``path`` of ``fs`` (one PUT on S3)."""
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def source_ids_under(uri: str, endpoint_url: str | None = None) -> set[str]:
+    """``source_id`` of every row of the parquet files under the folder ``uri`` (recursive; hidden files, e.g.
+    parts being written, skipped); empty when the folder does not exist. What a resumed job skips."""
+    import pyarrow.dataset as pads
+
+    fs, path = resolve(uri, endpoint_url)
+    if with_retries(lambda: fs.get_file_info(path), uri).type != pafs.FileType.Directory:
+        return set()
+    files = [f.path for f in with_retries(lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)), uri)
+             if f.type == pafs.FileType.File and f.path.endswith(".parquet") and not f.base_name.startswith(".")]
+    if not files:
+        return set()
+    table = pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["source_id"])
+    return set(table.column("source_id").to_pylist())
+
+
 def write_parquet(table, uri: str, endpoint_url: str | None = None) -> None:
     """Write ``table`` (a ``pyarrow.Table``) as one parquet file at ``uri``, all or nothing.
 

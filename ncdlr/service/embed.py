@@ -131,12 +131,6 @@ class _StemActor:
                 "source_id": batch["source_id"], "valid": valid}
 
 
-def _drop_done(batch: dict, done: np.ndarray) -> dict:
-    """The rows of a raw batch whose ``source_id`` is not in ``done`` (already cached)."""
-    keep = ~np.isin(np.asarray(batch["source_id"], dtype=object), done)
-    return {key: value[keep] for key, value in batch.items()}
-
-
 def activation_shape(encoder: str, pretrained: str, image_size: int, blocks: int) -> list[int]:
     """The shape of one cached activation (one stem pass over a blank image on the driver)."""
     from ncdlr.models import build_encoder
@@ -150,9 +144,10 @@ def activation_shape(encoder: str, pretrained: str, image_size: int, blocks: int
 def _check_resumable(out_uri: str, meta: dict, endpoint_url: str | None) -> set[str]:
     """``source_id``s already cached under ``out_uri`` by an ``embed`` with the same settings (empty for a new
     table); refuses a folder written with other settings (it would mix two caches)."""
-    from ncdlr.data.features import read_metadata, written_source_ids
+    from ncdlr.data.features import read_metadata
+    from ncdlr.data.storage import source_ids_under
 
-    done = written_source_ids(out_uri, endpoint_url=endpoint_url)
+    done = source_ids_under(out_uri, endpoint_url)
     if done:
         old = read_metadata(out_uri, endpoint_url=endpoint_url)
         keys = ("encoder", "pretrained", "image_size", "cached_blocks", "views", "crop_scale", "seed", "dataset", "shape")
@@ -224,7 +219,7 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
     for name in present:
         ds = raw[name]
         if done:
-            ds = ds.map_batches(_drop_done, fn_kwargs={"done": done_ids}, batch_format="numpy")
+            ds = ds.map_batches(pipeline.without_source_ids, fn_kwargs={"done": done_ids}, batch_format="numpy")
         decoded = (pipeline.with_cached_views(ds, pipe, views, seed) if name in TRAIN_VIEW_SPLITS
                    else pipeline.with_eval_view(ds, pipe))
         stems = decoded.map_batches(_StemActor, fn_constructor_args=(encoder, pretrained, image_size, blocks,

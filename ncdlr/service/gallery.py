@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 from pathlib import Path
 
@@ -55,18 +54,15 @@ def write_thumbnail(data: bytes, path: Path, side: int = THUMB_SIDE) -> bool:
     return True
 
 
-def _image_source(meta: dict, run: TrainedRun) -> tuple[str, str]:
+def _image_source(meta: dict, endpoint_url: str | None) -> tuple[str, str]:
     """``(kind, uri)`` where the images of the predictions' rows can be read: ``("images", folder)``,
-    ``("dataset", uri)`` or ``("", "")`` when nothing records it (a table without its dataset)."""
-    if meta.get("kind") == "images":
-        return "images", meta["data"]
-    if meta.get("kind") == "dataset":
-        return "dataset", meta["data"]
-    source = run.table_metadata.get("dataset", "")
-    if meta.get("kind") == "table" and source:
-        from ncdlr.data.features import read_metadata
+    ``("dataset", uri)`` (for a feature table: the dataset it was embedded from) or ``("", "")`` when nothing
+    records it."""
+    if meta.get("kind") in ("images", "dataset"):
+        return meta["kind"], meta["data"]
+    from ncdlr.data.features import read_metadata
 
-        source = read_metadata(meta["data"]).get("dataset", source)
+    source = read_metadata(meta["data"], endpoint_url=endpoint_url).get("dataset", "")
     return ("dataset", source) if source else ("", "")
 
 
@@ -84,7 +80,7 @@ def _fetch_images(kind: str, uri: str, ids: list[str], endpoint_url: str | None)
 
 def pseudo_label_counts(preds: np.ndarray, num_classes: int) -> np.ndarray:
     """``[K]`` rows assigned to each class by the predictions ``preds [N]``."""
-    return np.bincount(np.asarray(preds, dtype=np.int64), minlength=num_classes)[:num_classes]
+    return np.bincount(np.asarray(preds, dtype=np.int64), minlength=num_classes)
 
 
 def majority_class(labels: np.ndarray) -> tuple[int | None, float | None]:
@@ -145,7 +141,7 @@ def build_gallery(run_dir: str, out_dir: str, *, predictions: str = "", checkpoi
         worst = [i for i in ranked[::-1][:uncertain].tolist() if i not in best][::-1]
         chosen[c] = (best, worst)
     wanted = sorted({ids[i] for best, worst in chosen.values() for i in best + worst})
-    kind, source = _image_source(meta, run)
+    kind, source = _image_source(meta, endpoint_url)
     images = _fetch_images(kind, source, wanted, endpoint_url)
     written = {i for i, data_bytes in images.items() if write_thumbnail(data_bytes, out / _thumb_name(i))}
     if wanted and not written:
@@ -215,10 +211,11 @@ def _mean_known_logits(run: TrainedRun, table, pred: np.ndarray) -> np.ndarray |
 
 def _metrics(run: TrainedRun) -> dict[str, float | None]:
     """All / known / novel class-mean accuracy from the run's ``metrics.json`` (empty before ``evaluate``)."""
-    path = run.run_dir / "metrics.json"
-    if not path.is_file():
+    from .report import METRICS_FILE, load_metrics
+
+    if not (run.run_dir / METRICS_FILE).is_file():
         return {}
-    metrics = json.loads(path.read_text())
+    metrics = load_metrics(run.run_dir)
     return {key: metrics.get(key) for key in ("all", "known", "novel") if key in metrics}
 
 

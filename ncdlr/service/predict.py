@@ -166,7 +166,8 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
     Returns ``{"rows", "skipped", "unreadable", "seconds", "images_per_s", "kind", "out"}`` (``rows``: written
     by this call; ``skipped``: already under ``out_uri``). Needs Ray started for images and datasets.
     """
-    from ncdlr.data.predictions import done_source_ids, read_metadata, write_done
+    from ncdlr.data.predictions import read_metadata, write_done
+    from ncdlr.data.storage import source_ids_under
 
     run = open_run(run_dir, checkpoint)
     kind = data_kind(data_uri, endpoint_url)
@@ -180,7 +181,7 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
         raise ConfigError(f"{out_uri} already holds predictions made otherwise "
                           f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
                           "choose another --out or delete it")
-    done = done_source_ids(out_uri, endpoint_url)
+    done = source_ids_under(out_uri, endpoint_url)  # predicted or listed unreadable: skipped on a resume
     writer = _Writer(out_uri, run.num_known, run.names(), metadata, rows_per_part, endpoint_url)
     start = time.perf_counter()
     if kind == "table":
@@ -225,8 +226,6 @@ def _predict_images(run: TrainedRun, kind: str, data_uri: str, split: str, write
     if kind == "dataset":
         from ncdlr.data.manifest import read_manifest
 
-        from .embed import _drop_done
-
         manifest = read_manifest(data_uri, endpoint_url)
         wanted = [s for s in manifest.split_counts if manifest.split_counts[s] > 0] if split == "all" else [split]
         if split != "all" and manifest.split_counts.get(split, 0) == 0:
@@ -235,7 +234,8 @@ def _predict_images(run: TrainedRun, kind: str, data_uri: str, split: str, write
         streams = [raw[s] for s in wanted]
         if done:
             ids = np.array(sorted(done), dtype=object)
-            streams = [s.map_batches(_drop_done, fn_kwargs={"done": ids}, batch_format="numpy") for s in streams]
+            streams = [s.map_batches(pipeline.without_source_ids, fn_kwargs={"done": ids}, batch_format="numpy")
+                       for s in streams]
         total = sum(manifest.split_counts[s] for s in wanted)
     else:
         from ncdlr.data.image_files import list_images, read_images
