@@ -38,6 +38,7 @@ workers take the same number of steps (needed for DDP) and restart the known str
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -62,11 +63,13 @@ from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import GROUPS, checked_splits
 from ncdlr.data.shards import SCHEMA, check_shard, verify_with_stamp
 from ncdlr.data.storage import join, resolve
-from ncdlr.data.transforms import VIEW_DTYPES, CachedViews, EvalView, TrainViews, decode_pool, normalise_views, split_valid
+from ncdlr.data.transforms import (VIEW_DTYPES, CachedViews, EncodedRows, EvalView, TrainViews, decode_pool, normalise_views,
+                                   split_valid)
 
 log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("none", "size", "stamp", "checksum")
+DECODE_PLACES = ("host", "device")
 
 
 @dataclass(frozen=True)
@@ -107,12 +110,18 @@ class PipelineConfig:
     # Training views cross the object store as "uint8" (normalised by the consumer, ``to_torch``: 4x fewer
     # bytes) or "float32" (normalised in the decode task). What the training loop receives is the same.
     transfer_dtype: str = "uint8"
+    # Where training images are decoded and augmented: "host" (PIL in the read tasks, the crops cross the
+    # object store) or "device" (the read tasks ship the encoded bytes; the consumer decodes and augments on
+    # its device, ``ncdlr.data.device_views``). docs/benchmarks.md, "GPU input path", compares the two.
+    decode_on: str = "host"
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"PipelineConfig.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
         if self.transfer_dtype not in VIEW_DTYPES:
             raise ValueError(f"PipelineConfig.transfer_dtype must be one of {VIEW_DTYPES}, got {self.transfer_dtype!r}")
+        if self.decode_on not in DECODE_PLACES:
+            raise ValueError(f"PipelineConfig.decode_on must be one of {DECODE_PLACES}, got {self.decode_on!r}")
         counts = {"batch_size": self.batch_size, "decode_batch_size": self.decode_batch_size,
                   "rows_per_read_task": self.rows_per_read_task, "rows_per_block": self.rows_per_block,
                   "decode_threads": self.decode_threads}
@@ -132,6 +141,14 @@ class PipelineConfig:
 
     def eval_view(self) -> EvalView:
         return EvalView(size=self.image_size, resize=self.eval_resize, scaling=self.scaling)
+
+    def device_views(self) -> Any:
+        """The training transform of ``decode_on="device"``: encoded bytes → two views on the consumer's device
+        (:class:`~ncdlr.data.device_views.DeviceTrainViews`; imported here so read tasks never load torch)."""
+        from ncdlr.data.device_views import DeviceTrainViews
+
+        return DeviceTrainViews(size=self.image_size, crop_scale=tuple(self.crop_scale), hflip_prob=self.hflip_prob,
+                                scaling=self.scaling, seed=self.augment_seed)
 
 
 # ------------------------------------------------------------------------------------------ reading rows
@@ -417,7 +434,13 @@ def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
     With ``cfg.transfer_dtype == "uint8"`` (default) the views are uint8 ``[3,H,W]`` crops plus a ``scaling``
     column, and ``to_torch`` / ``ToTorch`` / ``PairedBatches`` normalise them on the consumer into float32
     ``[3,H,W]`` (``ncdlr.data.transforms.normalise_views`` for numpy consumers); with ``"float32"`` the decode
-    tasks ship normalised float32 views."""
+    tasks ship normalised float32 views.
+
+    With ``cfg.decode_on == "device"`` the rows keep their encoded ``image`` bytes (plus ``label`` and
+    ``source_id``; :class:`~ncdlr.data.transforms.EncodedRows`) and the consumer makes the views:
+    ``PairedBatches(device_views=cfg.device_views(), ...)``."""
+    if cfg.decode_on == "device":
+        return _decode(dataset, lambda threads: EncodedRows(), cfg)
     return _decode(dataset, lambda threads: cfg.train_views(cfg.transfer_dtype, threads), cfg)
 
 
@@ -446,6 +469,21 @@ def build_datasets(uri: str, cfg: PipelineConfig, *, train_splits: Sequence[str]
     for split in eval_splits:
         out[f"{split}_eval" if split in train_splits else split] = with_eval_view(raw[split], cfg)
     return out
+
+
+def read_tasks_for(cfg: PipelineConfig, split_rows: dict[str, int], free_cpus: float) -> PipelineConfig:
+    """``cfg`` with ``rows_per_read_task`` sized so the training streams' read tasks can use every CPU Ray Data
+    has on the cluster (``free_cpus``: the cluster's CPUs less the training workers' and actors').
+
+    The ``len(split_rows)`` streams run side by side and share the CPUs: each gets
+    ``⌊free_cpus / streams / decode_num_cpus⌋`` (at least 1) tasks at a time, so a split is cut into at least that
+    many pieces of at most ``cfg.rows_per_read_task`` rows and never fewer rows than ``rows_per_block``. A
+    small dataset then still decodes on all the node's cores; a large one keeps its pieces."""
+    streams = max(1, len(split_rows))
+    tasks = max(1, int(free_cpus / streams / cfg.decode_num_cpus))
+    rows = min(split_rows.values()) if split_rows else cfg.rows_per_read_task
+    per_task = max(cfg.rows_per_block, min(cfg.rows_per_read_task, math.ceil(rows / tasks)))
+    return dataclasses.replace(cfg, rows_per_read_task=per_task)
 
 
 def train_data_config(cfg: PipelineConfig, datasets_to_split: Sequence[str] | str = ("known", "novel")) -> Any:
@@ -480,20 +518,31 @@ def to_torch(batch: dict[str, np.ndarray], normalise: bool = True) -> dict[str, 
             out[key] = torch.from_numpy(value.astype(np.int64))  # class indices as torch losses expect them
         elif value.dtype.kind in "biuf":
             out[key] = torch.from_numpy(np.require(value, requirements=["W", "C"]))
+        elif value.dtype.kind == "S" or key == "image":  # encoded images stay bytes
+            out[key] = [bytes(v) for v in value]
         else:
             out[key] = [str(v) for v in value]
     return out
 
 
 class ToTorch(NumpyBatchCollateFn):
-    """``to_torch`` as the collate function of ``iter_torch_batches`` (runs in Ray's prefetch threads)."""
+    """``to_torch`` as the collate function of ``iter_torch_batches`` (runs in Ray's prefetch threads).
 
-    def __init__(self, normalise: bool = True) -> None:
+    With ``device_views`` (a :class:`~ncdlr.data.device_views.DeviceTrainViews`) a batch of encoded ``image``
+    bytes becomes ``view1``, ``view2`` and ``valid`` on ``device`` here, in the prefetch thread, so decoding
+    and augmenting the next batch overlaps the current training step."""
+
+    def __init__(self, normalise: bool = True, device_views: Any = None, device: Any = None) -> None:
         super().__init__()
         self.normalise = normalise
+        self.device_views = device_views
+        self.device = device if device is not None else "cpu"
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        return to_torch(batch, self.normalise)
+        out = to_torch(batch, self.normalise)
+        if self.device_views is not None and "image" in out:
+            out.update(self.device_views(out.pop("image"), self.device))
+        return out
 
 
 class PairedBatches:
@@ -516,22 +565,29 @@ class PairedBatches:
     ``scaling`` list, so the consumer copies 4x fewer bytes to its device and normalises there
     (``ncdlr.data.transforms.normalise_chw_torch``, the same bits). The default normalises on this host, in
     Ray's prefetch threads, beside the training step.
+
+    ``device_views`` (streams of ``with_train_views`` with ``decode_on="device"``): each batch's encoded
+    images are decoded and augmented on ``device`` in Ray's prefetch threads (:class:`ToTorch`); the views
+    arrive as float32 on that device.
     """
 
     def __init__(self, known: Any, novel: Any, batch_size: int, *, device: Any = None, prefetch_batches: int = 2,
-                 local_shuffle_buffer_size: int | None = None, normalise: bool = True) -> None:
+                 local_shuffle_buffer_size: int | None = None, normalise: bool = True,
+                 device_views: Any = None) -> None:
         self.known = known
         self.novel = novel
         self.batch_size = batch_size
         self.device = device
         self.normalise = normalise
+        self.device_views = device_views
         self.prefetch_batches = prefetch_batches
         self.local_shuffle_buffer_size = local_shuffle_buffer_size
         self._known_stream: Iterator[dict[str, Any]] | None = None
         self.epochs_of_known = 0  # completed passes over the known stream
 
     def _batches(self, stream: Any) -> Iterator[dict[str, Any]]:
-        return stream.iter_torch_batches(batch_size=self.batch_size, drop_last=True, collate_fn=ToTorch(self.normalise),
+        collate = ToTorch(self.normalise, self.device_views, self.device)
+        return stream.iter_torch_batches(batch_size=self.batch_size, drop_last=True, collate_fn=collate,
                                          prefetch_batches=self.prefetch_batches,
                                          local_shuffle_buffer_size=self.local_shuffle_buffer_size)
 

@@ -273,6 +273,18 @@ class TrainViews:
         return out
 
 
+@dataclass(frozen=True)
+class EncodedRows:
+    """The read-task transform of ``decode_on="device"``: keeps the encoded ``image`` bytes and the ``columns``
+    the consumer needs, decodes nothing (the consumer's :class:`ncdlr.data.device_views.DeviceTrainViews` does)."""
+
+    columns: tuple[str, ...] = ("image", "label", "source_id")
+    pixel_bytes_per_row: int = 0  # no pixel columns: each block is stored as it is made
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {key: batch[key] for key in self.columns if key in batch}
+
+
 def image_seed(seed: int, source_id: str) -> np.random.SeedSequence:
     """The augmentation stream of one image: a function of ``seed`` and its ``source_id`` only, so the cached
     views of an image are the same however the images are batched, ordered or resumed."""

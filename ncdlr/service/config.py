@@ -44,6 +44,7 @@ class DataConfig:
     crop_scale_min: float = 0.5  #: RandomResizedCrop lower scale bound for the two views
     feature_noise: float = 0.0  #: feature-table mode: std of Gaussian noise making the two "views"
     max_steps_per_epoch: int = 0  #: feature-table mode: cap on steps per epoch; 0 → a full pass over the novel split
+    decode_on: str = "auto"  #: image mode: where training images are decoded and augmented: "host" (Ray Data read tasks, PIL) | "device" (the worker's GPU: Ray Data ships the encoded bytes) | "auto" (device on a GPU worker, host on a CPU one)
 
 
 @dataclass
@@ -117,6 +118,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "method.loss": ("auto", "mse", "ce"),
     "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
+    "data.decode_on": ("auto", "host", "device"),
     "run.checkpoint_upload": ("async", "sync"),
 }
 

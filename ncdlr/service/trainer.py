@@ -59,13 +59,26 @@ def _run_storage(cfg: Config) -> dict:
     return {"storage_path": path} if fs is None else {"storage_path": path, "storage_filesystem": fs}
 
 
-def _datasets(cfg: Config, data: TrainingData) -> dict:
-    """``datasets`` + ``dataset_config`` for image mode (two-view known/novel streams split over workers)."""
+def data_cpus(cfg: Config) -> float:
+    """CPUs of the connected Ray cluster left for Ray Data once the training workers hold theirs (at least 1)."""
+    import ray
+
+    total = float(ray.cluster_resources().get("CPU", 0.0))
+    return max(1.0, total - cfg.run.num_workers * cfg.run.cpus_per_worker)
+
+
+def _datasets(cfg: Config, data: TrainingData, use_gpu: bool) -> dict:
+    """``datasets`` + ``dataset_config`` for image mode (two-view known/novel streams split over workers; with
+    ``data.decode_on`` resolving to ``device``, streams of encoded images the workers decode)."""
     if data.features is not None:
         return {}
     from ncdlr.data import pipeline
 
-    pipe = pipeline_config(cfg)
+    pipe = pipeline.read_tasks_for(pipeline_config(cfg, use_gpu=use_gpu),
+                                   {s: data.manifest.split_counts.get(s, 0) for s in ("known", "novel")},
+                                   data_cpus(cfg))
+    log.info("Ray Data: %.0f CPU(s) beside the training workers; training splits read in tasks of <= %d rows, "
+             "images decoded on the %s", data_cpus(cfg), pipe.rows_per_read_task, pipe.decode_on)
     raw = pipeline.load_splits(cfg.data.uri, ["known", "novel"], endpoint_url=cfg.data.endpoint_url or None,
                                manifest=data.manifest, verify="none")  # preflight.check_shards checked them
     return {"datasets": {name: pipeline.with_train_views(ds, pipe) for name, ds in raw.items()},
@@ -238,7 +251,7 @@ def train_with_ray(cfg: Config, data: TrainingData, output: Path):
                 run_config=RunConfig(name=run_name, **_run_storage(cfg),
                                      checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
                                      failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
-                **_datasets(cfg, data),
+                **_datasets(cfg, data, use_gpu),
             )
     except BaseException as err:  # failed or interrupted (SIGINT): point checkpoint.txt at what the run saved
         try:

@@ -92,8 +92,11 @@ def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, r
 
 def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world: int, device: torch.device
                   ) -> Callable[[int], Iterable[PairedBatch]]:
-    """``epoch → batches`` of this rank: seeded in-memory batches of the feature splits, or the Ray Data shards
-    (on a GPU the views cross to the device as uint8 and are normalised there; on a CPU in Ray's prefetch threads)."""
+    """``epoch → batches`` of this rank: seeded in-memory batches of the feature splits, or the Ray Data shards.
+
+    Image streams by ``data.decode_on`` (:func:`~ncdlr.service.run_data.decode_place`): ``device`` decodes and
+    augments the encoded images on ``device`` in Ray's prefetch threads; ``host`` streams carry the crops, which
+    on a GPU cross to the device as uint8 and are normalised there, on a CPU in Ray's prefetch threads."""
     from .train_loop import feature_batches
 
     if features is not None:
@@ -102,8 +105,14 @@ def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world:
 
     from ncdlr.data.pipeline import PairedBatches
 
+    from .run_data import pipeline_config
+
+    pipe = pipeline_config(cfg, use_gpu=device.type == "cuda")
+    on_device = pipe.decode_on == "device"
     paired = PairedBatches(ray.train.get_dataset_shard("known"), ray.train.get_dataset_shard("novel"),
-                           batch_size=cfg.data.batch_size, normalise=device.type != "cuda")
+                           batch_size=cfg.data.batch_size, normalise=device.type != "cuda",
+                           device_views=pipe.device_views() if on_device else None,
+                           device=device if on_device else None)
     return lambda epoch: image_batches(paired, cfg.data.batch_size)
 
 

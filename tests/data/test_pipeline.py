@@ -26,6 +26,7 @@ from ncdlr.data.pipeline import (
     decoded_blocks,
     shuffled_rows,
     load_splits,
+    read_tasks_for,
     to_torch,
     train_data_config,
     with_eval_view,
@@ -546,3 +547,52 @@ def test_two_train_workers_receive_disjoint_shards_covering_the_dataset(data_ray
     assert sorted(ranks[0]["bad"] + ranks[1]["bad"]) == [victim.source_id]
     assert all(shape[1:] == [3, SIZE, SIZE] for rank in ranks for shape in rank["shapes"])
     assert {d for rank in ranks for d in rank["dtypes"]} == {"torch.float32"}
+
+
+@pytest.mark.slow
+def test_device_decoding_streams_encoded_images_and_drops_a_corrupt_one_by_name(data_ray, tmp_path: Path) -> None:
+    """``decode_on="device"``: the read tasks ship encoded bytes and ``PairedBatches(device_views=...)`` makes the
+    two float32 views on the consumer's device (here the CPU device; the GPU run is in tests/test_gpu.py); a
+    truncated JPEG is dropped and named like on the host path."""
+    records, classes, info = make_tiny_dataset(train_counts=(8, 8, 8, 8), test_per_class=1)
+    victim = next(r for r in records if r.split == "novel")
+    records = [_corrupt(r) if r is victim else r for r in records]
+    write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False)
+    cfg = PipelineConfig(image_size=SIZE, decode_on="device")
+    datasets = build_datasets(str(tmp_path / "ds"), cfg)
+    first = next(iter(datasets["novel"].iter_batches(batch_size=4, batch_format="numpy")))
+    assert set(first) == {"image", "label", "source_id"}, "only encoded bytes and labels cross the object store"
+    batches = PairedBatches(datasets["known"], datasets["novel"], batch_size=4, device_views=cfg.device_views(),
+                            device=torch.device("cpu"))
+    steps = list(batches)
+    batches.close()
+    assert [i for s in steps for i in s["bad_source_ids"]] == [victim.source_id]
+    novel_ids = [i for s in steps for i in s["novel"]["source_id"]]
+    assert len(novel_ids) == 15 and victim.source_id not in novel_ids
+    labels = {r.source_id: r.label for r in records}
+    assert all(int(y) == labels[i] for s in steps for i, y in zip(s["novel"]["source_id"], s["novel"]["label"]))
+    for s in steps:
+        for side in ("known", "novel"):
+            for view in ("view1", "view2"):
+                x = s[side][view]
+                assert x.dtype == torch.float32 and x.shape[1:] == (3, SIZE, SIZE)
+                assert x.min() < -1.0 and x.max() > 1.0, "normalised values, not 0-255 pixels"
+    assert not torch.equal(steps[0]["known"]["view1"], steps[0]["known"]["view2"]), "two different augmentations"
+
+
+def test_pipeline_config_refuses_an_unknown_decode_place() -> None:
+    with pytest.raises(ValueError, match="decode_on"):
+        PipelineConfig(decode_on="gpu")
+
+
+def test_read_tasks_are_sized_so_both_training_streams_use_every_free_cpu() -> None:
+    cfg = PipelineConfig(rows_per_read_task=2048, rows_per_block=64)
+    # 12 free CPUs, 2 streams: 6 tasks each; the smaller split (3000 rows) sets 500 rows per task
+    assert read_tasks_for(cfg, {"known": 4000, "novel": 3000}, 12.0).rows_per_read_task == 500
+    # a large dataset keeps its pieces of 2048 rows; a tiny one never goes below one block of rows
+    assert read_tasks_for(cfg, {"known": 10**6, "novel": 10**6}, 12.0).rows_per_read_task == 2048
+    assert read_tasks_for(cfg, {"known": 40, "novel": 40}, 12.0).rows_per_read_task == 64
+    # tasks that reserve 2 CPUs each: half as many tasks, twice the rows
+    wide = PipelineConfig(rows_per_read_task=2048, rows_per_block=64, decode_num_cpus=2.0)
+    assert read_tasks_for(wide, {"known": 3000, "novel": 3000}, 12.0).rows_per_read_task == 1000
+    assert read_tasks_for(cfg, {"known": 3000, "novel": 3000}, 0.5).rows_per_read_task == 2048, "at least one task"

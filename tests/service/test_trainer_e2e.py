@@ -1,7 +1,9 @@
 """End-to-end Ray Train runs (slow; kept to four TorchTrainer runs in all).
 
 1. Image mode: 2 CPU DDP workers stream a tiny prepared dataset (with one corrupt JPEG) from the real rclone
-   S3 server, train, evaluate and write the report; τ is identical on both ranks.
+   S3 server, train, evaluate and write the report; τ is identical on both ranks. The images are decoded and
+   augmented by the GPU input path (``data.decode_on = device``), here on the workers' CPU device: CI has no
+   GPU (tests/test_gpu.py runs it on CUDA); the host path's end-to-end run is tests/service/test_train_inat2k.py.
 2. Feature-table mode through the CLI with run storage and checkpoints on ``s3://`` (the rclone server;
    see ``ncdlr.data.storage.ImplicitDirsS3Handler`` for why Ray gets our own filesystem there), then a
    resumed run that continues from that checkpoint (buffer actor re-seeded, epochs and steps carried on).
@@ -52,6 +54,7 @@ def test_two_workers_train_on_images_from_s3_and_write_the_report(ray_local, s3_
 
     cfg = Config()
     cfg.data.uri, cfg.data.batch_size, cfg.data.image_size, cfg.data.eval_batch_size = uri, 4, 32, 16
+    cfg.data.decode_on = "device"
     cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = "tiny_cnn", -1, "linear"
     cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 32
     cfg.optim.epochs, cfg.optim.warmup_epochs = 2, 1
