@@ -112,22 +112,27 @@ def matmul_peak(n: int, device: torch.device) -> float:
     return 2 * n**3 * 10 / (time.perf_counter() - start) / 1e12
 
 
-def step_config(sizes: Sizes, batch: int, trainable_blocks: int) -> Config:
+def step_config(sizes: Sizes, batch: int, trainable_blocks: int, speed: dict | None = None) -> Config:
+    """The step's config; ``speed``: ``optim`` settings to switch on (``compile``, ``channels_last``)."""
     cfg = Config()
     cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = sizes.encoder, trainable_blocks, "auto"
     cfg.data.batch_size, cfg.data.image_size = batch, sizes.image
     cfg.labeler.buffer_size = sizes.buffer
     cfg.optim.epochs, cfg.optim.warmup_epochs, cfg.optim.amp = 1, 0.1, True
+    for key, value in (speed or {}).items():
+        setattr(cfg.optim, key, value)
     return cfg
 
 
-def train_step_numbers(sizes: Sizes, device: torch.device, batch: int, trainable_blocks: int) -> dict:
-    """Steps/s, images/s, phase shares and counted FLOPs of the real training step."""
+def train_step_numbers(sizes: Sizes, device: torch.device, batch: int, trainable_blocks: int,
+                       speed: dict | None = None) -> dict:
+    """Steps/s, images/s, phase shares and counted FLOPs of the real training step (``speed``: see
+    :func:`step_config`; ``first_step_s`` is the first call, where ``compile`` compiles)."""
     import warnings
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    cfg = step_config(sizes, batch, trainable_blocks)
+    cfg = step_config(sizes, batch, trainable_blocks, speed)
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no pre-trained weights": random weights time the same
@@ -137,7 +142,12 @@ def train_step_numbers(sizes: Sizes, device: torch.device, batch: int, trainable
     batch_obj = PairedBatch(views[0], views[1], torch.randint(0, sizes.known, (batch,), device=device),
                             torch.ones(batch, dtype=torch.bool, device=device), views[2], views[3],
                             torch.ones(batch, dtype=torch.bool, device=device))
-    for _ in range(sizes.warmup):
+    sync(device)
+    first = time.perf_counter()
+    train_step(state, batch_obj, cfg.optim)
+    sync(device)
+    first_step_s = time.perf_counter() - first
+    for _ in range(sizes.warmup - 1):
         train_step(state, batch_obj, cfg.optim)
     stats = []
     sync(device)
@@ -146,6 +156,7 @@ def train_step_numbers(sizes: Sizes, device: torch.device, batch: int, trainable
         stats.append(train_step(state, batch_obj, cfg.optim))
     sync(device)
     elapsed = time.perf_counter() - start
+    state.forward = None  # FLOPs of the eager step: the same work, countable
     with FlopCounterMode(display=False) as counter:
         train_step(state, batch_obj, cfg.optim)
     flops = counter.get_total_flops()
@@ -161,6 +172,7 @@ def train_step_numbers(sizes: Sizes, device: torch.device, batch: int, trainable
         "exchange_share": statistics.fmean(s["exchange_s"] for s in stats) / step_s,
         "ot_ms": statistics.fmean(s["ot_s"] for s in stats) * 1e3,
         "tau_after": stats[-1]["tau"], "trainable_params_M": trainable / 1e6, "peak_memory_gib": memory,
+        "first_step_s": first_step_s, "speed": dict(speed or {}),
     }
 
 

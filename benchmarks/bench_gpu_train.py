@@ -1,18 +1,25 @@
-"""The service's training throughput against its own in-memory step ceiling (issue 15): one JSON line.
+"""The service's training throughput against its own in-memory step ceiling (issue 15): one JSON line per design.
 
-A real Ray Train run (``ncdlr.service.trainer.fit``: Ray Data streaming a prepared dataset from local shards,
-decode + augment in read tasks, one worker, the shared buffer actor) on a synthetic iNat-format dataset, against
-the same step (``train_step``, same encoder, sizes, batch and classes) on in-memory device tensors
-(``bench_gpu.train_step_numbers``: no data loading at all). Printed keys:
+Real Ray Train runs (``ncdlr.service.trainer.fit``: Ray Data streaming a prepared dataset from local shards, one
+worker, the shared buffer actor) on a long-tailed dataset of photo-sized JPEGs (448 px: what
+``ncdlr prepare --max-side 512`` leaves of a photo; ``photo_dataset``), once per input design (``--decode-on``, default both):
+``host`` (PIL decode + crops in Ray Data's read tasks, uint8 crops shipped) and ``device`` (encoded bytes
+shipped, decoded and cropped on the worker's GPU). Each against the same step (``train_step``, same encoder,
+sizes, batch and classes) on in-memory device tensors (``bench_gpu.train_step_numbers``: no data loading).
+Printed keys:
 
-* ``images_per_s``: the service's last-epoch steps/s × 2B × W (B known + B novel images per worker and step);
+* ``images_per_s``: the service's mean steps/s over epochs 2.. × 2B × W (B known + B novel images per worker
+  and step);
 * ``ceiling_images_per_s``: the in-memory step's images/s; ``ratio`` = the two (goal ≥ 0.9 on a GPU);
 * ``data_share``: the share of the service's step time spent waiting for the next batch (goal ≤ 0.10);
-* ``mfu``: counted FLOPs per step × the service's steps/s ÷ the measured bf16 matmul peak (GPU only, else null).
+* ``mfu``: counted FLOPs per step × the service's steps/s ÷ the measured bf16 matmul peak (GPU only, else null);
+* ``epoch1_s``, ``later_epoch_s``, ``first_batch_s``, ``first_step_s``: the first epoch's start-up against
+  the others (from the run's epoch lines).
 
 Usage::
 
-    python benchmarks/bench_gpu_train.py                # on a GPU node: ViT-B/16, 224 px, 128 + 128, 40 classes
+    python benchmarks/bench_gpu_train.py                # on a GPU node: ViT-B/16, 224 px crops, 128 + 128
+    python benchmarks/bench_gpu_train.py --decode-on device
     python benchmarks/bench_gpu_train.py --smoke        # tiny sizes on CPU (CI runs this): checks the wiring
 
 With ``--smoke`` the numbers mean nothing; the run checks that every key is produced. GPU numbers go into
@@ -25,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import warnings
@@ -44,7 +52,8 @@ from ncdlr.service.config import Config  # noqa: E402
 @dataclass(frozen=True)
 class RunSizes:
     encoder: str
-    image: int  # crop side, px (the dataset's images are this size too)
+    image: int  # crop side, px
+    photo: int  # side of the dataset's square JPEGs, px
     classes: int  # K of the synthetic dataset (half known, half novel)
     n_max: int  # training images of each half's head class
     batch: int  # B per half and worker
@@ -53,13 +62,16 @@ class RunSizes:
     ceiling_steps: int
 
 
-FULL = RunSizes("vit_base_patch16_224", 224, 40, 600, 128, 4, 4.0, 20)
-SMOKE = RunSizes("tiny_cnn", 32, 6, 24, 8, 2, 1.0, 3)
+FULL = RunSizes("vit_base_patch16_224", 224, 448, 40, 400, 128, 4, 4.0, 20)
+SMOKE = RunSizes("tiny_cnn", 32, 48, 6, 24, 8, 2, 1.0, 3)
+EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ done in ([\d.]+)s.*?data wait (\d+)%(?:, first batch after ([\d.]+)s, "
+                        r"first step ([\d.]+)s)?")
 
 
-def service_config(sizes: RunSizes, data_uri: str, output: Path, use_gpu: bool) -> Config:
+def service_config(sizes: RunSizes, data_uri: str, output: Path, use_gpu: bool, decode_on: str) -> Config:
     cfg = Config()
     cfg.data.uri, cfg.data.image_size, cfg.data.batch_size = data_uri, sizes.image, sizes.batch
+    cfg.data.decode_on = decode_on
     cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = sizes.encoder, 1, "auto"
     cfg.optim.epochs, cfg.optim.warmup_epochs, cfg.optim.amp = sizes.epochs, 1, True
     cfg.labeler.buffer_size = 2048
@@ -69,50 +81,117 @@ def service_config(sizes: RunSizes, data_uri: str, output: Path, use_gpu: bool) 
     return cfg
 
 
+def _photo(args: tuple[int, int, int]) -> bytes:
+    """One ``side``-px square JPEG (quality 90) of a smooth colour field plus noise, seeded by ``(seed, index)``."""
+    seed, index, side = args
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng([seed, index])
+    x, y = np.linspace(0, 1, side)[None, :, None], np.linspace(0, 1, side)[:, None, None]
+    pixels = 127 + 90 * np.sin(5 * x + 3 * y + rng.uniform(0, 6, (1, 1, 3))) + 12 * rng.standard_normal((side, side, 3))
+    out = io.BytesIO()
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def photo_dataset(uri: str, sizes: RunSizes):
+    """A prepared long-tailed dataset of ``sizes.photo``-px JPEGs (class c of each half holds n_max·0.1^(c/(K/2−1))
+    training images, imbalance 10), its images made on every core: seconds where the synthetic builder's renderer
+    takes minutes at photo sizes. Returns the manifest."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ncdlr.data.manifest import DatasetInfo
+    from ncdlr.data.records import ClassInfo, ImageRecord
+    from ncdlr.data.shards import write_dataset
+
+    half = sizes.classes // 2
+    counts = [max(2, round(sizes.n_max * 0.1 ** ((c % half) / max(1, half - 1)))) for c in range(sizes.classes)]
+    classes = [ClassInfo(label=c, name=f"class_{c:03d}", group="known" if c < half else "novel", train_count=n)
+               for c, n in enumerate(counts)]
+    rows = [(c, "known" if c < half else "novel") for c, n in enumerate(counts) for _ in range(n)]
+    rows += [(c, "test") for c in range(sizes.classes) for _ in range(2)]
+    with ProcessPoolExecutor() as pool:
+        images = list(pool.map(_photo, [(0, i, sizes.photo) for i in range(len(rows))], chunksize=32))
+    records = [ImageRecord(image=image, label=c, split=split, class_name=classes[c].name, source_id=f"photo/{i:06d}.jpg")
+               for i, ((c, split), image) in enumerate(zip(rows, images))]
+    order = __import__("numpy").random.default_rng(0).permutation(len(records))
+    info = DatasetInfo(name="bench-photos", source="benchmarks/bench_gpu_train.py", seed=0,
+                       imbalance={"known": 10.0, "novel": 10.0})
+    return write_dataset(uri, [records[i] for i in order], classes, info, progress=False)
+
+
+def epoch_lines(log: Path) -> list[dict]:
+    """Per epoch: seconds, data wait share and (epoch 1) the start-up figures, read from the run's train.log."""
+    out = []
+    for match in EPOCH_LINE.finditer(log.read_text() if log.is_file() else ""):
+        epoch, seconds, wait, first_batch, first_step = match.groups()
+        out.append({"epoch": int(epoch), "epoch_s": float(seconds), "data_wait": int(wait) / 100,
+                    "first_batch_s": float(first_batch) if first_batch else None,
+                    "first_step_s": float(first_step) if first_step else None})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: checks the wiring, no numbers")
+    parser.add_argument("--decode-on", default="host,device",
+                        help="comma list of input designs to run, in order (default host,device)")
     args = parser.parse_args(argv)
     import ray
 
-    from ncdlr.data.builders import synthetic
     from ncdlr.service.trainer import fit
 
     use_gpu = torch.cuda.is_available() and not args.smoke
     if not use_gpu and not args.smoke:
         parser.error("no CUDA device: run on a GPU machine, or pass --smoke")
+    places = [p.strip() for p in args.decode_on.split(",") if p.strip()]
+    if not places or set(places) - {"host", "device"}:
+        parser.error(f"--decode-on takes host and/or device, got {args.decode_on!r}")
     sizes = SMOKE if args.smoke else FULL
     device = torch.device("cuda" if use_gpu else "cpu")
+    runs = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-train-") as tmp:
         root = Path(tmp)
-        manifest = synthetic.build(synthetic.SyntheticConfig(num_classes=sizes.classes, n_max=sizes.n_max,
-                                                             image_size=sizes.image, test_per_class=2),
-                                   str(root / "data"), progress=False)
+        manifest = photo_dataset(str(root / "data"), sizes)
         started = not ray.is_initialized()
         if started:
             ray.init(num_cpus=max(os.cpu_count() or 1, int(sizes.cpus_per_worker) + 3), include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING")
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # random encoder weights time the same as pretrained ones
-                result = fit(service_config(sizes, str(root / "data"), root / "run", use_gpu))
+            for place in places:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # random encoder weights time the same as pretrained ones
+                    fit(service_config(sizes, str(root / "data"), root / place, use_gpu, place))
+                runs[place] = epoch_lines(root / place / "train.log")
         finally:
             if started:
                 ray.shutdown()
-    metrics = result["metrics"]
-    images_per_s = float(metrics["steps_per_s"]) * 2 * sizes.batch
     ceiling = bench_gpu.train_step_numbers(
         bench_gpu.Sizes(sizes.encoder, sizes.image, manifest.num_known, manifest.num_novel, sizes.batch, sizes.batch,
                         2048, 16, 256, 2, sizes.ceiling_steps), device, sizes.batch, 1)
     peak = bench_gpu.matmul_peak(8192, device) if use_gpu else None
-    mfu = ceiling["tflop_per_step"] * float(metrics["steps_per_s"]) / peak if peak else None
-    print(json.dumps({
-        "images_per_s": round(images_per_s, 1), "ceiling_images_per_s": round(ceiling["images_per_s"], 1),
-        "ratio": round(images_per_s / ceiling["images_per_s"], 3), "data_share": round(float(metrics["data_share"]), 3),
-        "mfu": None if mfu is None else round(mfu, 3), "peak_tflops": None if peak is None else round(peak, 1),
-        "device": torch.cuda.get_device_name(device) if use_gpu else (platform.processor() or "cpu"),
-        "encoder": sizes.encoder, "image": sizes.image, "batch_per_half": sizes.batch, "classes": sizes.classes,
-        "epochs": sizes.epochs, "smoke": args.smoke}))
+    steps_per_epoch = manifest.split_counts["novel"] // sizes.batch
+    for place, epochs in runs.items():
+        later = [e for e in epochs if e["epoch"] > 1] or epochs
+        seconds = sum(e["epoch_s"] for e in later) / len(later)
+        steps_per_s = steps_per_epoch / seconds
+        images_per_s = steps_per_s * 2 * sizes.batch
+        mfu = ceiling["tflop_per_step"] * steps_per_s / peak if peak else None
+        print(json.dumps({
+            "decode_on": place, "images_per_s": round(images_per_s, 1),
+            "ceiling_images_per_s": round(ceiling["images_per_s"], 1),
+            "ratio": round(images_per_s / ceiling["images_per_s"], 3),
+            "data_share": round(sum(e["data_wait"] for e in later) / len(later), 3),
+            "mfu": None if mfu is None else round(mfu, 3), "peak_tflops": None if peak is None else round(peak, 1),
+            "epoch1_s": epochs[0]["epoch_s"], "later_epoch_s": round(seconds, 2),
+            "first_batch_s": epochs[0]["first_batch_s"], "first_step_s": epochs[0]["first_step_s"],
+            "device": torch.cuda.get_device_name(device) if use_gpu else (platform.processor() or "cpu"),
+            "cpus": os.cpu_count(), "encoder": sizes.encoder, "image": sizes.image, "photo": sizes.photo,
+            "batch_per_half": sizes.batch, "classes": sizes.classes, "steps_per_epoch": steps_per_epoch,
+            "epochs": sizes.epochs, "smoke": args.smoke}), flush=True)
     return 0
 
 

@@ -168,3 +168,32 @@ def test_cuda_graph_path_refuses_non_finite_scores_before_touching_t():
     with pytest.raises(ValueError, match="finite"):
         labeler(s)
     assert float(labeler.prior.t.detach()) == t_before
+
+
+def test_device_views_on_cuda_match_the_same_path_on_the_cpu():
+    """The GPU input path (nvJPEG batch decode + roi_align on CUDA) gives the views the CPU device gives
+    (libjpeg-turbo + roi_align on the CPU) from the same seed, up to the two JPEG decoders' rounding; a
+    truncated JPEG in the batch is invalid on both and does not spoil the others."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from ncdlr.data.device_views import DeviceTrainViews
+
+    rng = np.random.default_rng(0)
+    data = []
+    for w, h in ((320, 240), (500, 375), (320, 240), (64, 80)):
+        x, y = np.linspace(0, 1, w)[None, :, None], np.linspace(0, 1, h)[:, None, None]
+        pixels = 127 + 90 * np.sin(5 * x ** 2 + 3 * y + rng.uniform(0, 6, (1, 1, 3))) + 10 * rng.standard_normal((h, w, 3))
+        out = io.BytesIO()
+        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(out, format="JPEG", quality=90)
+        data.append(out.getvalue())
+    data.insert(2, data[0][: len(data[0]) // 3])
+    views = DeviceTrainViews(size=96, seed=5)
+    cpu, cpu_valid = views.raw_views(data, "cpu")
+    gpu, gpu_valid = views.raw_views(data, CUDA)
+    assert gpu.device.type == CUDA.type
+    assert gpu_valid.tolist() == cpu_valid.tolist() == [True, True, False, True, True]
+    diff = (gpu.cpu() - cpu).abs().mean(dim=(2, 3, 4))
+    assert diff.max() < 2.0, diff

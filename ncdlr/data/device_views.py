@@ -33,6 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
+# Imported here, not inside the functions: they run in Ray's prefetch threads while the worker's main thread
+# may be importing torchvision too (timm builds the model), and two threads importing one package can see it
+# half-initialised (seen: "cannot import name 'StochasticDepth' from partially initialized module").
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.ops import roi_align
+
 from ncdlr.data.transforms import _scale_and_shift, _scale_and_shift_on, decode_rgb, random_resized_crop_box
 
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -59,8 +65,6 @@ def _host_decode(data: bytes, device: torch.device) -> torch.Tensor | None:
 def _jpeg_batch(data: list[bytes], device: torch.device) -> list[torch.Tensor | None]:
     """``decode_jpeg`` over all of ``data`` in one call; when the batch call fails (one bad file fails all),
     each image alone, and PIL for those torchvision refuses."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data]
     try:
         return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
@@ -99,8 +103,6 @@ def resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, owner: to
     in pixels of its image (right/bottom exclusive, as PIL's ``box``); ``owner``: int64 ``[M]``, the image of
     each box. One ``roi_align`` per group of at most ``chunk`` same-sized images (no padding, so a box at an
     image edge sees that edge replicated, as PIL does)."""
-    from torchvision.ops import roi_align
-
     device = images[0].device
     out = torch.empty((len(boxes), 3, size, size), dtype=torch.float32, device=device)
     by_size: dict[tuple[int, int], list[int]] = defaultdict(list)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import weakref
@@ -583,6 +584,7 @@ class PairedBatches:
         self.prefetch_batches = prefetch_batches
         self.local_shuffle_buffer_size = local_shuffle_buffer_size
         self._known_stream: Iterator[dict[str, Any]] | None = None
+        self._head_start: Future | None = None  # start(): the first epoch's novel stream and first batches
         self.epochs_of_known = 0  # completed passes over the known stream
 
     def _batches(self, stream: Any) -> Iterator[dict[str, Any]]:
@@ -609,17 +611,47 @@ class PairedBatches:
             batch = {k: v.to(self.device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
         return batch, bad
 
+    def start(self) -> None:
+        """Start both streams now: a background thread asks for the first epoch's first known and novel batches,
+        so Ray Data's start-up (planning, launching read tasks, their first blocks) overlaps whatever the caller
+        does next (a worker builds its model). The next ``iter`` picks them up; without ``start`` it starts then."""
+        if self._head_start is None and self._known_stream is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(1, thread_name_prefix="ncdlr-head-start")
+            self._head_start = pool.submit(self._first_batches)
+            pool.shutdown(wait=False)  # the one task runs on; the thread ends with it
+
+    def _first_batches(self) -> tuple[Iterator[dict[str, Any]], list[dict[str, Any]]]:
+        novel = iter(self._batches(self.novel))
+        known = self._cycle_known()
+        self._known_stream = _prepended(next(known), known)
+        first = next(novel, None)
+        return novel, ([] if first is None else [first])
+
     def close(self) -> None:
         """Stop the known stream (its prefetch threads) before the end of training."""
+        if self._head_start is not None:
+            self._head_start.result()
+            self._head_start = None
         if self._known_stream is not None:
             self._known_stream.close()
             self._known_stream = None
 
+    def _novel_batches(self) -> Iterator[dict[str, Any]]:
+        """This epoch's novel batches: the head start's (first batch already fetched), else a fresh pass."""
+        if self._head_start is None:
+            return iter(self._batches(self.novel))
+        novel, first = self._head_start.result()
+        self._head_start = None
+        return itertools.chain(first, novel)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        novel_batches = self._novel_batches()
         if self._known_stream is None:
             self._known_stream = self._cycle_known()
         steps = 0
-        for novel in self._batches(self.novel):
+        for novel in novel_batches:
             known, bad_known = self._prepare(next(self._known_stream))
             novel, bad_novel = self._prepare(novel)
             bad = bad_known + bad_novel
@@ -630,6 +662,15 @@ class PairedBatches:
         if steps == 0:
             raise ValueError(f"the novel stream holds fewer than batch_size={self.batch_size} rows on this worker, "
                              "so an epoch has no step: lower the batch size or use fewer workers")
+
+
+def _prepended(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    """``first``, then ``rest``; closing it closes ``rest``."""
+    try:
+        yield first
+        yield from rest
+    finally:
+        rest.close()
 
 
 def iter_paired_batches(known_shard: Any, novel_shard: Any, batch_size: int, **kwargs: Any) -> Iterator[dict[str, Any]]:

@@ -74,6 +74,8 @@ class OptimConfig:
     warmup_epochs: float = 3.0
     alpha: float = 1.0  #: α in L = L_s + α L_u
     amp: bool = True  #: bfloat16 autocast on GPU (ignored on CPU)
+    compile: bool = False  #: torch.compile the training forward (inductor; the first steps compile: minutes on a big encoder). docs/benchmarks.md, "GPU step", has what it gives
+    channels_last: bool = False  #: keep the encoder's weights and the image batches in channels-last memory order (faster convolutions on GPUs: CNN encoders)
 
 
 @dataclass

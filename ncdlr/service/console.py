@@ -170,12 +170,17 @@ class EpochLog:
         self._steps_in_epoch = 0
         if not self.active:
             return
+        # The first epoch also waits for the streams and the device to start: say how long, so a slow epoch 1
+        # is not mistaken for slow training (docs/benchmarks.md, "GPU input path").
+        start_up = (f", first batch after {metrics['first_batch_s']:.1f}s, first step {metrics['first_step_s']:.1f}s"
+                    if state.epoch == 1 and "first_batch_s" in metrics else "")
         self.say("line", f"[ncdlr] epoch {state.epoch}/{self.cfg.optim.epochs} done in {metrics['epoch_s']:.1f}s: loss "
             f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
-            f"({metrics['steps_per_s']:.2f} steps/s)"
+            f"({metrics['steps_per_s']:.2f} steps/s, data wait {metrics.get('data_share', 0.0):.0%}{start_up})"
             + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""))
-        for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s"):
-            self.writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
+        for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share"):
+            if key in metrics:
+                self.writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
         self.writer.flush()
 
     def close(self) -> None:

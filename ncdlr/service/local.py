@@ -53,12 +53,14 @@ def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device |
                 fixed_prior: torch.Tensor | None = None):
     """A single-process :class:`~ncdlr.service.train_loop.WorkerState`: ``cfg``'s method for ``model.num_novel``
     clusters, with a :class:`~ncdlr.buffer.LocalBuffer` on ``device`` when the method uses the buffer."""
-    from .train_loop import build_worker_state
+    from .train_loop import build_worker_state, compile_forward
 
     method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior)
     if method.uses_buffer:
         method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel, device))
-    return build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device))
+    state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device))
+    compile_forward(state, cfg.optim)
+    return state
 
 
 def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:

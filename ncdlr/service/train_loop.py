@@ -115,6 +115,8 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
                        device: torch.device) -> WorkerState:
     """AdamW over the trainable parameters and the LR schedule; the model and the method's labeler on ``device``."""
     model.to(device)
+    if optim.channels_last:
+        model.to(memory_format=torch.channels_last)
     if method.labeler is not None:
         method.labeler.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -125,6 +127,13 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
     warm = max(1, int(round(optim.warmup_epochs * steps_per_epoch)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warm, optim.min_lr / optim.lr))
     return WorkerState(model, method, optimizer, scheduler, device)
+
+
+def compile_forward(state: WorkerState, optim: OptimConfig) -> None:
+    """With ``optim.compile``: the step's forward (the DDP wrapper when there is one) through ``torch.compile``.
+    Call once the state is complete; ``state.model`` stays the eager module (evaluation, checkpoints)."""
+    if optim.compile:
+        state.forward = torch.compile(state.model if state.forward is None else state.forward)
 
 
 def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> dict[str, float]:
@@ -143,9 +152,11 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         # still sees them, e.g. in batch-norm statistics). masked_fill_, not boolean indexing: no device sync.
         rows = torch.cat([known_valid, known_valid, novel_valid, novel_valid])
         x.masked_fill_(~rows[:, None, None, None], 0.0)  # x is [4B, 3, H, W] (normalise_chw_torch checked)
+    if optim.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
     use_amp = optim.amp and device.type == "cuda"
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-        z = (state.forward or model)(x).float()
+        z = (model if state.forward is None else state.forward)(x).float()
     zk1, zk2, zn1, zn2 = z.split(b)
     labels = batch.known_labels.to(device)
     if known_valid.any():
@@ -173,8 +184,10 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
 
 def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimConfig, on_step=None
               ) -> dict[str, float]:
-    """Train over ``batches``; return epoch means of the step stats, phase shares and ``steps_per_s``."""
+    """Train over ``batches``; return epoch means of the step stats, phase shares, ``steps_per_s`` and the
+    epoch's start-up: ``first_batch_s`` (waiting for the first batch) and ``first_step_s`` (the first step)."""
     times = StepTimes()
+    first: list[float] = []
     sums: dict[str, float] = {}
     steps = 0
     iterator: Iterator[PairedBatch] = iter(batches)
@@ -188,6 +201,8 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimCo
         t1 = time.perf_counter()
         stats = train_step(state, batch, optim)
         t2 = time.perf_counter()
+        if not first:
+            first = [t1 - t0, t2 - t1]
         times.data += t1 - t0
         times.exchange += stats["exchange_s"]
         times.ot += stats["ot_s"]
@@ -203,6 +218,7 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimCo
     out = {k: v / max(steps, 1) for k, v in sums.items() if k != "bad_images"}
     out["bad_images"] = sums.get("bad_images", 0.0)
     out.update(times.shares())
+    out["first_batch_s"], out["first_step_s"] = first or [0.0, 0.0]
     out.update({"steps": float(steps), "steps_per_s": steps / max(elapsed, 1e-9), "epoch": float(state.epoch),
                 "tau": state.method.imbalance_factor, "lr": state.scheduler.get_last_lr()[0]})
     return out

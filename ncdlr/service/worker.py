@@ -37,7 +37,7 @@ def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.
     from ncdlr.models import build_model
 
     from .num_novel import fixed_prior_counts, model_num_novel
-    from .train_loop import build_worker_state
+    from .train_loop import build_worker_state, compile_forward
 
     num_novel = model_num_novel(cfg, summary)  # model.num_novel (resolved by fit) or the data's Ku
     model = build_model(cfg.model, summary.num_known, num_novel, image_size=cfg.data.image_size)
@@ -47,6 +47,7 @@ def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.
         from torch.nn.parallel import DistributedDataParallel
 
         state.forward = DistributedDataParallel(state.model, device_ids=[device.index] if device.type == "cuda" else None)
+    compile_forward(state, cfg.optim)
     return state
 
 
@@ -113,6 +114,7 @@ def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world:
                            batch_size=cfg.data.batch_size, normalise=device.type != "cuda",
                            device_views=pipe.device_views() if on_device else None,
                            device=device if on_device else None)
+    paired.start()  # Ray Data starts up while the caller builds the model
     return lambda epoch: image_batches(paired, cfg.data.batch_size)
 
 
@@ -255,11 +257,11 @@ def train_worker(config: dict) -> None:
     # ---- building, once ---------------------------------------------------------------------------------------
     max_steps = cfg.data.max_steps_per_epoch if features is not None else 0  # image streams run whole epochs
     steps = steps_per_epoch(summary.novel_rows, cfg.data.batch_size, world, max_steps)
+    batches = epoch_batches(cfg, features, rank, world, device)  # image streams start now, beside the build
     state = build_state(cfg, summary, steps, device, world)
     buffer_state = restore(state, cfg, rank)
     actor = ray.get_actor(config["actor"], namespace=config["namespace"]) if config.get("actor") else None
     client = connect(state, cfg, actor, buffer_state, rank, world)
-    batches = epoch_batches(cfg, features, rank, world, device)
     log = EpochLog(cfg, rank, steps, board=config.get("console"))
     log.start(state, world)
     schedule = CheckpointSchedule(cfg.run.checkpoint_every_s, cfg.optim.epochs)

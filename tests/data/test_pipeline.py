@@ -596,3 +596,20 @@ def test_read_tasks_are_sized_so_both_training_streams_use_every_free_cpu() -> N
     wide = PipelineConfig(rows_per_read_task=2048, rows_per_block=64, decode_num_cpus=2.0)
     assert read_tasks_for(wide, {"known": 3000, "novel": 3000}, 12.0).rows_per_read_task == 1000
     assert read_tasks_for(cfg, {"known": 3000, "novel": 3000}, 0.5).rows_per_read_task == 2048, "at least one task"
+
+
+def test_a_head_start_gives_the_first_epoch_every_novel_row_once_and_the_next_ones_too(data_ray, tmp_path: Path) -> None:
+    """``PairedBatches.start()`` (what a worker calls before building its model) only moves the streams' start
+    earlier: each epoch is still one pass over the novel rows, and the known stream still cycles."""
+    records, classes, info = make_tiny_dataset(train_counts=(8, 4, 8, 8), test_per_class=1)
+    write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False)
+    datasets = build_datasets(str(tmp_path / "ds"), PipelineConfig(image_size=SIZE))
+    batches = PairedBatches(datasets["known"], datasets["novel"], batch_size=4)
+    batches.start()
+    novel = sorted(r.source_id for r in records if r.split == "novel")
+    for _ in range(2):
+        steps = list(batches)
+        assert sorted(i for s in steps for i in s["novel"]["source_id"]) == novel
+        assert all(len(s["known"]["source_id"]) == 4 for s in steps)
+    assert batches.epochs_of_known >= 2, "12 known rows, 8 known batches of 4 drawn: the known stream cycled"
+    batches.close()

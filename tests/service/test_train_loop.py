@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import os
 
 import pytest
@@ -113,6 +115,38 @@ def test_uint8_views_are_normalised_in_the_step_with_the_same_result():
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="need PairedBatch.scaling"):
         step(PairedBatch(*pixels[:2], labels, valid, *pixels[2:], valid))
+
+
+@pytest.mark.parametrize("speed", ["channels_last", "compile"])
+def test_step_speed_settings_take_the_same_step_as_the_plain_one(speed, monkeypatch):
+    """``optim.channels_last`` and ``optim.compile`` change how the step runs, not what it computes: two steps
+    give the losses and the gradients of the plain step (to float rounding: other kernels sum in other orders;
+    parameters are not compared, as Adam turns a rounding-sized gradient into a step of size lr).
+    Compiled here with the ``aot_eager`` backend (Dynamo's capture and AOTAutograd's joint graph, the parts our
+    code can break, in 3 s instead of inductor's 40 s of C++ builds on 2 cores); bench_gpu.py times inductor on
+    a GPU."""
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    cfg = small_config(batch_size=4)
+    cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = "tiny_cnn", -1, "linear"
+    gen = torch.Generator().manual_seed(0)
+    views = [torch.randn(4, 3, 16, 16, generator=gen) for _ in range(4)]
+    valid, labels = torch.ones(4, dtype=torch.bool), torch.tensor([0, 1, 2, 3])
+    batch = PairedBatch(views[0], views[1], labels, valid, views[2], views[3], valid)
+
+    def two_steps(config):
+        torch.manual_seed(0)
+        state = local_state(config, build_model(config.model, KS, KU, image_size=16), 4)
+        return [train_step(state, batch, config.optim)["loss"] for _ in range(2)], state
+
+    fast = copy.deepcopy(cfg)
+    setattr(fast.optim, speed, True)
+    (plain_losses, plain), (fast_losses, faster) = two_steps(cfg), two_steps(fast)
+    assert (faster.forward is not None) == (speed == "compile")
+    assert fast_losses == pytest.approx(plain_losses, rel=1e-4, abs=1e-5)
+    for a, b in zip(plain.model.parameters(), faster.model.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-5)
 
 
 def test_image_batches_pad_dropped_rows_and_carry_the_scaling_of_uint8_views():
