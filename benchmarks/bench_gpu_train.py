@@ -36,7 +36,7 @@ import re
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: checks the wiring, no numbers")
     parser.add_argument("--decode-on", default="host,device",
                         help="comma list of input designs to run, in order (default host,device)")
+    parser.add_argument("--cpus-per-worker", type=float, default=None,
+                        help="CPUs the training worker reserves (default 4; the rest go to Ray Data)")
     args = parser.parse_args(argv)
     import ray
 
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if not places or set(places) - {"host", "device"}:
         parser.error(f"--decode-on takes host and/or device, got {args.decode_on!r}")
     sizes = SMOKE if args.smoke else FULL
+    if args.cpus_per_worker is not None:
+        sizes = replace(sizes, cpus_per_worker=args.cpus_per_worker)
     device = torch.device("cuda" if use_gpu else "cpu")
     runs = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-train-") as tmp:
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "epoch1_s": epochs[0]["epoch_s"], "later_epoch_s": round(seconds, 2),
             "first_batch_s": epochs[0]["first_batch_s"], "first_step_s": epochs[0]["first_step_s"],
             "device": torch.cuda.get_device_name(device) if use_gpu else (platform.processor() or "cpu"),
-            "cpus": os.cpu_count(), "encoder": sizes.encoder, "image": sizes.image, "photo": sizes.photo,
+            "cpus": os.cpu_count(), "cpus_per_worker": sizes.cpus_per_worker, "encoder": sizes.encoder, "image": sizes.image, "photo": sizes.photo,
             "batch_per_half": sizes.batch, "classes": sizes.classes, "steps_per_epoch": steps_per_epoch,
             "epochs": sizes.epochs, "smoke": args.smoke}), flush=True)
     return 0

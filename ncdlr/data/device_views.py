@@ -4,9 +4,9 @@ The host path (:class:`ncdlr.data.transforms.TrainViews` in Ray Data's read task
 two uint8 crops per image. This path ships only the encoded bytes; the training worker turns a batch of them
 into the same two augmented views on its own device:
 
-1. **decode** (:func:`decode_images`): JPEGs with ``torchvision.io.decode_jpeg`` over the whole batch at once
-   (nvJPEG on a CUDA device, libjpeg-turbo on the CPU); other formats (PNG, WebP, ...) and JPEGs the batch
-   decoder refuses (CMYK, some progressive files) with PIL on the host (``decode_rgb``: transparency flattened
+1. **decode** (:func:`decode_images`): complete JPEGs with ``torchvision.io.decode_jpeg`` over the whole batch
+   at once (nvJPEG on a CUDA device, libjpeg-turbo on the CPU); other formats (PNG, WebP, ...), JPEGs without
+   their end marker and JPEGs the batch decoder refuses (CMYK, some progressive files) with PIL on the host (``decode_rgb``: transparency flattened
    onto white, as on the host path), then copied over. An image neither decodes is ``None``: its row comes
    out with ``valid=False`` and zero views; nothing raises for a bad image.
 2. **crop boxes** on the host: torchvision's RandomResizedCrop draw and the flip draw, per image from its own
@@ -49,9 +49,12 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
                         category=DeprecationWarning)
 
 
-def is_jpeg(data: bytes) -> bool:
-    """Whether encoded bytes start like a JPEG file (SOI marker + the next marker's FF)."""
-    return bytes(data[:3]) == JPEG_MAGIC
+def is_complete_jpeg(data: bytes) -> bool:
+    """Whether encoded bytes start like a complete JPEG file: the SOI marker and the next marker's FF at the
+    start, the EOI marker (FF D9) in the last 4 KiB. nvJPEG decodes a truncated file without an error (the
+    missing rows come out grey: seen on an H100) where PIL refuses it, so a file without its end goes to PIL."""
+    head, tail = bytes(data[:3]), bytes(data[-4096:])
+    return head == JPEG_MAGIC and b"\xff\xd9" in tail
 
 
 def _host_decode(data: bytes, device: torch.device) -> torch.Tensor | None:
@@ -85,12 +88,12 @@ def decode_images(data: Sequence[bytes], device: torch.device | str) -> list[tor
     host (see the module docstring)."""
     device = torch.device(device)
     out: list[torch.Tensor | None] = [None] * len(data)
-    jpegs = [i for i, d in enumerate(data) if d is not None and is_jpeg(d)]
+    jpegs = [i for i, d in enumerate(data) if d is not None and is_complete_jpeg(d)]
     if jpegs:
         for i, image in zip(jpegs, _jpeg_batch([bytes(data[i]) for i in jpegs], device)):
             out[i] = image
     for i, d in enumerate(data):
-        if d is not None and not is_jpeg(d):
+        if d is not None and not is_complete_jpeg(d):
             out[i] = _host_decode(d, device)
     return out
 

@@ -107,21 +107,12 @@ def model_for_table(cfg: Config, splits: FeatureSplits) -> None:
     cfg.data.image_size = int(meta["image_size"])
 
 
-def decode_place(cfg: Config, use_gpu: bool) -> str:
-    """Where this run decodes training images: ``data.decode_on``, with ``"auto"`` → ``"device"`` on GPU
-    workers and ``"host"`` on CPU ones (the driver and every worker resolve it alike)."""
-    if cfg.data.decode_on == "auto":
-        return "device" if use_gpu else "host"
-    return cfg.data.decode_on
-
-
-def pipeline_config(cfg: Config, *, eval_mode: bool = False, use_gpu: bool = False):
-    """The data plane's :class:`~ncdlr.data.pipeline.PipelineConfig` for this run's encoder and sizes
-    (``use_gpu``: whether the workers train on GPUs, for ``data.decode_on = auto``)."""
+def pipeline_config(cfg: Config, *, eval_mode: bool = False):
+    """The data plane's :class:`~ncdlr.data.pipeline.PipelineConfig` for this run's encoder and sizes."""
     from ncdlr.data import pipeline
     from ncdlr.models import input_scaling
 
     return pipeline.PipelineConfig(image_size=cfg.data.image_size, crop_scale=(cfg.data.crop_scale_min, 1.0),
                                    scaling=input_scaling(cfg.model.encoder),
                                    batch_size=cfg.data.eval_batch_size if eval_mode else cfg.data.batch_size,
-                                   decode_on=decode_place(cfg, use_gpu))
+                                   decode_on=cfg.data.decode_on)

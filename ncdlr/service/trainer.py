@@ -67,14 +67,14 @@ def data_cpus(cfg: Config) -> float:
     return max(1.0, total - cfg.run.num_workers * cfg.run.cpus_per_worker)
 
 
-def _datasets(cfg: Config, data: TrainingData, use_gpu: bool) -> dict:
+def _datasets(cfg: Config, data: TrainingData) -> dict:
     """``datasets`` + ``dataset_config`` for image mode (two-view known/novel streams split over workers; with
-    ``data.decode_on`` resolving to ``device``, streams of encoded images the workers decode)."""
+    ``data.decode_on = device``, streams of encoded images the workers decode)."""
     if data.features is not None:
         return {}
     from ncdlr.data import pipeline
 
-    pipe = pipeline.read_tasks_for(pipeline_config(cfg, use_gpu=use_gpu),
+    pipe = pipeline.read_tasks_for(pipeline_config(cfg),
                                    {s: data.manifest.split_counts.get(s, 0) for s in ("known", "novel")},
                                    data_cpus(cfg))
     log.info("Ray Data: %.0f CPU(s) beside the training workers; training splits read in tasks of <= %d rows, "
@@ -251,7 +251,7 @@ def train_with_ray(cfg: Config, data: TrainingData, output: Path):
                 run_config=RunConfig(name=run_name, **_run_storage(cfg),
                                      checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
                                      failure_config=FailureConfig(max_failures=cfg.run.max_failures)),
-                **_datasets(cfg, data, use_gpu),
+                **_datasets(cfg, data),
             )
     except BaseException as err:  # failed or interrupted (SIGINT): point checkpoint.txt at what the run saved
         try:

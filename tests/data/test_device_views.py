@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ncdlr.data.device_views import DeviceTrainViews, decode_images, is_jpeg, resized_crops
+from ncdlr.data.device_views import DeviceTrainViews, decode_images, is_complete_jpeg, resized_crops
 from ncdlr.data.transforms import TrainViews, normalise_chw, random_resized_crop_box
 
 SIZE = 32
@@ -88,7 +88,9 @@ def test_a_truncated_jpeg_fails_alone_and_the_rest_of_the_batch_decodes() -> Non
 def test_png_transparency_is_flattened_onto_white_as_on_the_host() -> None:
     data = [smooth_image(np.random.default_rng(2), 40, 40, "PNG", mode="RGBA")]
     (image,) = decode_images(data, "cpu")
-    assert not is_jpeg(data[0])
+    assert not is_complete_jpeg(data[0])
+    jpeg = mixed_batch()[0]
+    assert is_complete_jpeg(jpeg) and not is_complete_jpeg(jpeg[: len(jpeg) // 2]), "a cut JPEG goes to PIL"
     assert (image[:, :20] == 255).all(), "the transparent top half becomes white"
     assert (image[:, 20:] < 255).any()
 
