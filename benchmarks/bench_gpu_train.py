@@ -2,9 +2,10 @@
 
 Real Ray Train runs (``ncdlr.service.trainer.fit``: Ray Data streaming a prepared dataset from local shards, one
 worker, the shared buffer actor) on a long-tailed dataset of photo-sized JPEGs (448 px: what
-``ncdlr prepare --max-side 512`` leaves of a photo; ``photo_dataset``), once per input design (``--decode-on``, default both):
-``host`` (PIL decode + crops in Ray Data's read tasks, uint8 crops shipped) and ``device`` (encoded bytes
-shipped, decoded and cropped on the worker's GPU). Each against the same step (``train_step``, same encoder,
+``ncdlr prepare --max-side 512`` leaves of a photo; ``photo_dataset``), once per input design (``--decode-on``,
+default all three): ``host`` (PIL decode + crops in Ray Data's read tasks, uint8 crops shipped), ``hybrid``
+(PIL decode in the read tasks, the decoded images shipped and cropped on the worker's GPU) and ``device``
+(encoded bytes shipped, decoded and cropped on the worker's GPU). Each against the same step (``train_step``, same encoder,
 sizes, batch and classes) on in-memory device tensors (``bench_gpu.train_step_numbers``: no data loading).
 Printed keys:
 
@@ -14,7 +15,8 @@ Printed keys:
 * ``data_share``: the share of the service's step time spent waiting for the next batch (goal ≤ 0.10);
 * ``mfu``: counted FLOPs per step × the service's steps/s ÷ the measured bf16 matmul peak (GPU only, else null);
 * ``epoch1_s``, ``later_epoch_s``, ``first_batch_s``, ``first_step_s``: the first epoch's start-up against
-  the others (from the run's epoch lines).
+  the others (from the run's epoch lines);
+* ``feed_images_per_s`` (with ``--feed``): the design's input alone, no training step (``feed_rate``).
 
 Usage::
 
@@ -35,6 +37,7 @@ import platform
 import re
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -134,11 +137,41 @@ def epoch_lines(log: Path) -> list[dict]:
     return out
 
 
+def feed_rate(uri: str, place: str, sizes: RunSizes, device: torch.device, split_rows: dict[str, int]) -> float:
+    """Images/s the input design delivers with no training step: ``PairedBatches`` over the known and novel
+    streams (the service's pipeline config, read tasks sized for the CPUs Ray Data gets beside the worker),
+    views made on ``device``, driven from this process for two epochs; the second is timed."""
+    import ray
+
+    from ncdlr.data import pipeline
+
+    cfg = pipeline.PipelineConfig(image_size=sizes.image, batch_size=sizes.batch, decode_on=place)
+    free = float(ray.cluster_resources().get("CPU", 1)) - sizes.cpus_per_worker
+    cfg = pipeline.read_tasks_for(cfg, split_rows, free)
+    datasets = pipeline.build_datasets(uri, cfg, eval_splits=())
+    on_device = place != "host"
+    batches = pipeline.PairedBatches(datasets["known"], datasets["novel"], batch_size=sizes.batch,
+                                     normalise=device.type != "cuda", device=device if on_device else None,
+                                     device_views=cfg.device_views() if on_device else None)
+    for _ in batches:  # epoch 1: start-up
+        pass
+    start, images = time.perf_counter(), 0
+    for step in batches:
+        images += len(step["known"]["source_id"]) + len(step["novel"]["source_id"])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    batches.close()
+    return images / seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: checks the wiring, no numbers")
-    parser.add_argument("--decode-on", default="host,device",
-                        help="comma list of input designs to run, in order (default host,device)")
+    parser.add_argument("--decode-on", default="host,hybrid,device",
+                        help="comma list of input designs to run, in order (default host,hybrid,device)")
+    parser.add_argument("--feed", action="store_true",
+                        help="also time each design's input alone (no training step): feed_images_per_s")
     parser.add_argument("--cpus-per-worker", type=float, default=None,
                         help="CPUs the training worker reserves (default 4; the rest go to Ray Data)")
     args = parser.parse_args(argv)
@@ -150,52 +183,56 @@ def main(argv: list[str] | None = None) -> int:
     if not use_gpu and not args.smoke:
         parser.error("no CUDA device: run on a GPU machine, or pass --smoke")
     places = [p.strip() for p in args.decode_on.split(",") if p.strip()]
-    if not places or set(places) - {"host", "device"}:
-        parser.error(f"--decode-on takes host and/or device, got {args.decode_on!r}")
+    if not places or set(places) - {"host", "hybrid", "device"}:
+        parser.error(f"--decode-on takes host, hybrid and/or device, got {args.decode_on!r}")
     sizes = SMOKE if args.smoke else FULL
     if args.cpus_per_worker is not None:
         sizes = replace(sizes, cpus_per_worker=args.cpus_per_worker)
     device = torch.device("cuda" if use_gpu else "cpu")
-    runs = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-train-") as tmp:
         root = Path(tmp)
         manifest = photo_dataset(str(root / "data"), sizes)
+        # The ceiling first: each design's line is printed as soon as its run ends (a cut-short GPU call keeps them).
+        ceiling = bench_gpu.train_step_numbers(
+            bench_gpu.Sizes(sizes.encoder, sizes.image, manifest.num_known, manifest.num_novel, sizes.batch,
+                            sizes.batch, 2048, 16, 256, 2, sizes.ceiling_steps), device, sizes.batch, 1)
+        peak = bench_gpu.matmul_peak(8192, device) if use_gpu else None
+        steps_per_epoch = manifest.split_counts["novel"] // sizes.batch
         started = not ray.is_initialized()
         if started:
             ray.init(num_cpus=max(os.cpu_count() or 1, int(sizes.cpus_per_worker) + 3), include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING")
         try:
             for place in places:
+                feed = feed_rate(str(root / "data"), place, sizes, device,
+                                 {s: manifest.split_counts[s] for s in ("known", "novel")}) if args.feed else None
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # random encoder weights time the same as pretrained ones
                     fit(service_config(sizes, str(root / "data"), root / place, use_gpu, place))
-                runs[place] = epoch_lines(root / place / "train.log")
+                epochs = epoch_lines(root / place / "train.log")
+                later = [e for e in epochs if e["epoch"] > 1] or epochs
+                seconds = sum(e["epoch_s"] for e in later) / len(later)
+                steps_per_s = steps_per_epoch / seconds
+                images_per_s = steps_per_s * 2 * sizes.batch
+                mfu = ceiling["tflop_per_step"] * steps_per_s / peak if peak else None
+                print(json.dumps({
+                    "decode_on": place, "images_per_s": round(images_per_s, 1),
+                    "feed_images_per_s": None if feed is None else round(feed, 1),
+                    "ceiling_images_per_s": round(ceiling["images_per_s"], 1),
+                    "ratio": round(images_per_s / ceiling["images_per_s"], 3),
+                    "data_share": round(sum(e["data_wait"] for e in later) / len(later), 3),
+                    "mfu": None if mfu is None else round(mfu, 3),
+                    "peak_tflops": None if peak is None else round(peak, 1),
+                    "epoch1_s": epochs[0]["epoch_s"], "later_epoch_s": round(seconds, 2),
+                    "first_batch_s": epochs[0]["first_batch_s"], "first_step_s": epochs[0]["first_step_s"],
+                    "device": torch.cuda.get_device_name(device) if use_gpu else (platform.processor() or "cpu"),
+                    "cpus": os.cpu_count(), "cpus_per_worker": sizes.cpus_per_worker, "encoder": sizes.encoder,
+                    "image": sizes.image, "photo": sizes.photo, "batch_per_half": sizes.batch,
+                    "classes": sizes.classes, "steps_per_epoch": steps_per_epoch, "epochs": sizes.epochs,
+                    "smoke": args.smoke}), flush=True)
         finally:
             if started:
                 ray.shutdown()
-    ceiling = bench_gpu.train_step_numbers(
-        bench_gpu.Sizes(sizes.encoder, sizes.image, manifest.num_known, manifest.num_novel, sizes.batch, sizes.batch,
-                        2048, 16, 256, 2, sizes.ceiling_steps), device, sizes.batch, 1)
-    peak = bench_gpu.matmul_peak(8192, device) if use_gpu else None
-    steps_per_epoch = manifest.split_counts["novel"] // sizes.batch
-    for place, epochs in runs.items():
-        later = [e for e in epochs if e["epoch"] > 1] or epochs
-        seconds = sum(e["epoch_s"] for e in later) / len(later)
-        steps_per_s = steps_per_epoch / seconds
-        images_per_s = steps_per_s * 2 * sizes.batch
-        mfu = ceiling["tflop_per_step"] * steps_per_s / peak if peak else None
-        print(json.dumps({
-            "decode_on": place, "images_per_s": round(images_per_s, 1),
-            "ceiling_images_per_s": round(ceiling["images_per_s"], 1),
-            "ratio": round(images_per_s / ceiling["images_per_s"], 3),
-            "data_share": round(sum(e["data_wait"] for e in later) / len(later), 3),
-            "mfu": None if mfu is None else round(mfu, 3), "peak_tflops": None if peak is None else round(peak, 1),
-            "epoch1_s": epochs[0]["epoch_s"], "later_epoch_s": round(seconds, 2),
-            "first_batch_s": epochs[0]["first_batch_s"], "first_step_s": epochs[0]["first_step_s"],
-            "device": torch.cuda.get_device_name(device) if use_gpu else (platform.processor() or "cpu"),
-            "cpus": os.cpu_count(), "cpus_per_worker": sizes.cpus_per_worker, "encoder": sizes.encoder, "image": sizes.image, "photo": sizes.photo,
-            "batch_per_half": sizes.batch, "classes": sizes.classes, "steps_per_epoch": steps_per_epoch,
-            "epochs": sizes.epochs, "smoke": args.smoke}), flush=True)
     return 0
 
 

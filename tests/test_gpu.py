@@ -197,3 +197,22 @@ def test_device_views_on_cuda_match_the_same_path_on_the_cpu():
     assert gpu_valid.tolist() == cpu_valid.tolist() == [True, True, False, True, True]
     diff = (gpu.cpu() - cpu).abs().mean(dim=(2, 3, 4))
     assert diff.max() < 2.0, diff
+
+
+def test_hybrid_views_on_a_cuda_side_stream_match_the_cpu_ones():
+    """``decode_on="hybrid"``: host-decoded pixels cropped on CUDA, on the prefetch thread's own stream
+    (``on_side_stream``), give the views the CPU device gives from the same seed."""
+    import numpy as np
+
+    from ncdlr.data.device_views import DeviceTrainViews, on_side_stream
+
+    g = torch.Generator().manual_seed(0)
+    pixels = [torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8) for h, w in ((240, 320), (375, 500), (240, 320))]
+    valid = torch.tensor([True, True, False])
+    views = DeviceTrainViews(size=96, seed=2)
+    cpu = views.of_pixels(pixels, valid, "cpu")
+    gpu = on_side_stream(CUDA, lambda: views.of_pixels(pixels, valid, CUDA))
+    assert gpu["view1"].is_cuda and torch.equal(gpu["valid"].cpu(), valid)
+    for key in ("view1", "view2"):
+        assert torch.allclose(gpu[key].cpu(), cpu[key], atol=1e-3), key
+    assert np.isfinite(gpu["view2"].sum().item())

@@ -20,10 +20,19 @@ into the same two augmented views on its own device:
 
 Pure torch on whatever device is given, so the whole path runs (and is tested against the host path) on the
 CPU; on a GPU only the encoded bytes (≈ 10× fewer than two uint8 crops) cross the host-to-device link.
+
+**Hybrid** (``decode_on="hybrid"``): the host decodes (``ncdlr.data.transforms.DecodedImages`` in the read
+tasks, spread over every free CPU) and the device does steps 2–4 (:meth:`DeviceTrainViews.of_pixels`).
+On the H100 machine JPEG decoding was 40 % of the host path's CPU per image and the two antialiased resizes
+60 %; torchvision's nvJPEG path leaves the entropy decoding on the calling CPU thread.
+
+:func:`on_side_stream` runs either on a CUDA stream of its own, so the next batch's copies and kernels overlap
+the training step.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
@@ -99,14 +108,15 @@ def decode_images(data: Sequence[bytes], device: torch.device | str) -> list[tor
 
 
 def resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, owner: torch.Tensor, size: int,
-                  chunk: int = 64) -> torch.Tensor:
-    """Crop ``boxes`` out of ``images`` and resample each to ``size × size``: float32 ``[M, 3, size, size]`` (0–255).
+                  chunk: int = 64, device: torch.device | str | None = None) -> torch.Tensor:
+    """Crop ``boxes`` out of ``images`` and resample each to ``size × size``: float32 ``[M, 3, size, size]`` (0–255)
+    on ``device`` (default: the images' device).
 
-    ``images``: uint8 ``[3, h_i, w_i]`` on one device; ``boxes``: float ``[M, 4]`` (left, top, right, bottom)
-    in pixels of its image (right/bottom exclusive, as PIL's ``box``); ``owner``: int64 ``[M]``, the image of
-    each box. One ``roi_align`` per group of at most ``chunk`` same-sized images (no padding, so a box at an
-    image edge sees that edge replicated, as PIL does)."""
-    device = images[0].device
+    ``images``: uint8 ``[3, h_i, w_i]`` (views of host memory are copied over one group at a time);
+    ``boxes``: float ``[M, 4]`` (left, top, right, bottom) in pixels of its image (right/bottom exclusive, as
+    PIL's ``box``); ``owner``: int64 ``[M]``, the image of each box. One ``roi_align`` per group of at most
+    ``chunk`` same-sized images (no padding, so a box at an image edge sees that edge replicated, as PIL does)."""
+    device = torch.device(device) if device is not None else images[0].device
     out = torch.empty((len(boxes), 3, size, size), dtype=torch.float32, device=device)
     by_size: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, image in enumerate(images):
@@ -118,7 +128,7 @@ def resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, owner: to
             position = torch.full((len(images),), -1, dtype=torch.int64)
             position[group] = torch.arange(len(group))
             rows = torch.nonzero(position[owner_cpu] >= 0).squeeze(1)
-            stacked = torch.stack([images[i] for i in group]).float()
+            stacked = torch.stack([images[i] for i in group]).to(device, non_blocking=True).float()
             rois = torch.cat([position[owner_cpu[rows]].to(torch.float32)[:, None], boxes[rows].float()], 1)
             out[rows.to(device)] = roi_align(stacked, rois.to(device), output_size=size, spatial_scale=1.0,
                                               sampling_ratio=-1, aligned=True)
@@ -160,8 +170,16 @@ class DeviceTrainViews:
     def raw_views(self, data: Sequence[bytes], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoded images → (uint8-range float32 views ``[2, N, 3, S, S]`` before normalisation, valid ``[N]``
         bool on ``device``); invalid rows are zeros."""
-        device = torch.device(device)
-        images = decode_images(data, device)
+        return self._views(decode_images(data, device), torch.device(device))
+
+    def raw_views_of_pixels(self, pixels: Sequence[torch.Tensor], valid: torch.Tensor, device: torch.device | str
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoded images (uint8 ``[h_i, w_i, 3]`` on the host, ``valid`` ``[N]`` bool: the ``pixels`` column of
+        ``DecodedImages``) → :meth:`raw_views`' output; same-sized images cross to ``device`` together."""
+        images = [p.permute(2, 0, 1) if ok else None for p, ok in zip(pixels, valid.tolist())]
+        return self._views(images, torch.device(device))
+
+    def _views(self, images: Sequence[torch.Tensor | None], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(images)
         valid = torch.tensor([image is not None for image in images], dtype=torch.bool)
         boxes, flips = self.boxes([tuple(image.shape[1:]) if image is not None else None for image in images])
@@ -170,7 +188,8 @@ class DeviceTrainViews:
         if len(good):
             decoded = [images[i] for i in good.tolist()]
             owner = torch.arange(len(decoded)).repeat_interleave(2)  # [2G]: image g's view 0, then view 1
-            crops = resized_crops(decoded, torch.from_numpy(boxes[good.numpy()].reshape(-1, 4)), owner, self.size)
+            crops = resized_crops(decoded, torch.from_numpy(boxes[good.numpy()].reshape(-1, 4)), owner, self.size,
+                                  device=device)
             flip = torch.from_numpy(flips[good.numpy()].reshape(-1)).to(device)
             crops = torch.where(flip[:, None, None, None], crops.flip(3), crops)
             views[:, good.to(device)] = crops.view(len(decoded), 2, 3, self.size, self.size).transpose(0, 1)
@@ -179,8 +198,37 @@ class DeviceTrainViews:
     def __call__(self, data: Sequence[bytes], device: torch.device | str) -> dict[str, Any]:
         """Encoded images → ``view1``, ``view2`` normalised float32 ``[N, 3, S, S]`` and ``valid`` bool ``[N]``, all
         on ``device`` (rows of undecodable images: zeros, as on the host path)."""
-        views, valid = self.raw_views(data, device)
+        return self._normalised(*self.raw_views(data, device))
+
+    def of_pixels(self, pixels: Sequence[torch.Tensor], valid: torch.Tensor, device: torch.device | str
+                  ) -> dict[str, Any]:
+        """:meth:`__call__` for images the host decoded (:meth:`raw_views_of_pixels`)."""
+        return self._normalised(*self.raw_views_of_pixels(pixels, valid, device))
+
+    def _normalised(self, views: torch.Tensor, valid: torch.Tensor) -> dict[str, Any]:
         scale, shift = _scale_and_shift_on(self.scaling, views.device)
         views.mul_(scale).add_(shift)
         views.masked_fill_(~valid[None, :, None, None, None], 0.0)
         return {"view1": views[0], "view2": views[1], "valid": valid}
+
+
+_SIDE_STREAMS = threading.local()
+
+
+def on_side_stream(device: torch.device, make: Any) -> dict[str, Any]:
+    """``make()`` (which returns a dict of tensors made on ``device``), run on a CUDA stream of this thread's own
+    and waited for, so the copies and kernels of the next batch overlap the training step on the default
+    stream; the results are marked as used by the default stream (``record_stream``) so their memory is not
+    reused before the step that reads them is done. On a CPU device: ``make()``."""
+    if device.type != "cuda":
+        return make()
+    streams = _SIDE_STREAMS.__dict__.setdefault("by_device", {})
+    stream = streams.setdefault(device, torch.cuda.Stream(device))
+    with torch.cuda.stream(stream):
+        out = make()
+    stream.synchronize()  # this (prefetch) thread waits; the step's stream does not
+    consumer = torch.cuda.default_stream(device)
+    for value in out.values():
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            value.record_stream(consumer)
+    return out

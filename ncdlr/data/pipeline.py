@@ -64,13 +64,13 @@ from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import GROUPS, checked_splits
 from ncdlr.data.shards import SCHEMA, check_shard, verify_with_stamp
 from ncdlr.data.storage import join, resolve
-from ncdlr.data.transforms import (VIEW_DTYPES, CachedViews, EncodedRows, EvalView, TrainViews, decode_pool, normalise_views,
+from ncdlr.data.transforms import (VIEW_DTYPES, CachedViews, DecodedImages, EncodedRows, EvalView, TrainViews, decode_pool, normalise_views,
                                    split_valid)
 
 log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("none", "size", "stamp", "checksum")
-DECODE_PLACES = ("host", "device")
+DECODE_PLACES = ("host", "device", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,9 @@ class PipelineConfig:
     # bytes) or "float32" (normalised in the decode task). What the training loop receives is the same.
     transfer_dtype: str = "uint8"
     # Where training images are decoded and augmented: "host" (PIL in the read tasks, the crops cross the
-    # object store) or "device" (the read tasks ship the encoded bytes; the consumer decodes and augments on
-    # its device, ``ncdlr.data.device_views``). docs/benchmarks.md, "GPU input path", compares the two.
+    # object store), "device" (the read tasks ship the encoded bytes; the consumer decodes and augments on
+    # its device, ``ncdlr.data.device_views``) or "hybrid" (the read tasks decode, the consumer crops on its
+    # device). docs/benchmarks.md, "GPU input path", compares them.
     decode_on: str = "host"
 
     def __post_init__(self) -> None:
@@ -439,9 +440,13 @@ def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
 
     With ``cfg.decode_on == "device"`` the rows keep their encoded ``image`` bytes (plus ``label`` and
     ``source_id``; :class:`~ncdlr.data.transforms.EncodedRows`) and the consumer makes the views:
-    ``PairedBatches(device_views=cfg.device_views(), ...)``."""
+    ``PairedBatches(device_views=cfg.device_views(), ...)``; with ``"hybrid"`` the rows carry the decoded,
+    uncropped ``pixels`` (:class:`~ncdlr.data.transforms.DecodedImages`) and the consumer crops the same way."""
     if cfg.decode_on == "device":
         return _decode(dataset, lambda threads: EncodedRows(), cfg)
+    if cfg.decode_on == "hybrid":
+        keep = int(math.ceil(cfg.image_size / math.sqrt(cfg.crop_scale[0])))  # the smallest crop keeps full detail
+        return _decode(dataset, lambda threads: DecodedImages(min_side=keep), cfg)
     return _decode(dataset, lambda threads: cfg.train_views(cfg.transfer_dtype, threads), cfg)
 
 
@@ -521,6 +526,8 @@ def to_torch(batch: dict[str, np.ndarray], normalise: bool = True) -> dict[str, 
             out[key] = torch.from_numpy(np.require(value, requirements=["W", "C"]))
         elif value.dtype.kind == "S" or key == "image":  # encoded images stay bytes
             out[key] = [bytes(v) for v in value]
+        elif len(value) and isinstance(value[0], np.ndarray):  # variable-shaped tensors (decoded images)
+            out[key] = [torch.from_numpy(np.require(v, requirements=["W"])) for v in value]
         else:
             out[key] = [str(v) for v in value]
     return out
@@ -530,19 +537,30 @@ class ToTorch(NumpyBatchCollateFn):
     """``to_torch`` as the collate function of ``iter_torch_batches`` (runs in Ray's prefetch threads).
 
     With ``device_views`` (a :class:`~ncdlr.data.device_views.DeviceTrainViews`) a batch of encoded ``image``
-    bytes becomes ``view1``, ``view2`` and ``valid`` on ``device`` here, in the prefetch thread, so decoding
-    and augmenting the next batch overlaps the current training step."""
+    bytes (``decode_on="device"``) or of decoded ``pixels`` (``"hybrid"``) becomes ``view1``, ``view2`` and
+    ``valid`` on ``device`` here, in the prefetch thread and on a CUDA stream of its own
+    (:func:`~ncdlr.data.device_views.on_side_stream`), so making the next batch overlaps the training step."""
 
     def __init__(self, normalise: bool = True, device_views: Any = None, device: Any = None) -> None:
         super().__init__()
         self.normalise = normalise
         self.device_views = device_views
-        self.device = device if device is not None else "cpu"
+        import torch
+
+        self.device = torch.device(device if device is not None else "cpu")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         out = to_torch(batch, self.normalise)
-        if self.device_views is not None and "image" in out:
-            out.update(self.device_views(out.pop("image"), self.device))
+        if self.device_views is None:
+            return out
+        from ncdlr.data.device_views import on_side_stream
+
+        if "image" in out:
+            images = out.pop("image")
+            out.update(on_side_stream(self.device, lambda: self.device_views(images, self.device)))
+        elif "pixels" in out:
+            pixels, valid = out.pop("pixels"), out.pop("valid")
+            out.update(on_side_stream(self.device, lambda: self.device_views.of_pixels(pixels, valid, self.device)))
         return out
 
 

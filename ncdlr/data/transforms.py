@@ -285,6 +285,30 @@ class EncodedRows:
         return {key: batch[key] for key in self.columns if key in batch}
 
 
+@dataclass(frozen=True)
+class DecodedImages:
+    """The read-task transform of ``decode_on="hybrid"``: each encoded image decoded (PIL, ``decode_rgb`` with
+    DCT scaling down to no less than ``min_side`` px a side), no crop: a ``pixels`` column of uint8
+    ``[h_i, w_i, 3]`` arrays of any size (Ray Data's variable-shaped tensors), ``valid`` (False: undecodable,
+    its pixels a 1×1 zero), and ``columns``. The consumer crops (``DeviceTrainViews.of_pixels``)."""
+
+    min_side: int | None = None
+    columns: tuple[str, ...] = ("label", "source_id")
+    pixel_bytes_per_row: int = 0  # sizes vary: each block is stored as it is made
+
+    def __call__(self, batch: Batch) -> Batch:
+        images = batch["image"]
+        pixels = np.empty(len(images), dtype=object)
+        valid = np.zeros(len(images), dtype=bool)
+        for i, data in enumerate(images):
+            image = decode_rgb(data, min_side=self.min_side)
+            valid[i] = image is not None
+            pixels[i] = np.asarray(image) if image is not None else np.zeros((1, 1, 3), np.uint8)
+        out = {key: batch[key] for key in self.columns if key in batch}
+        out["pixels"], out["valid"] = pixels, valid
+        return out
+
+
 def image_seed(seed: int, source_id: str) -> np.random.SeedSequence:
     """The augmentation stream of one image: a function of ``seed`` and its ``source_id`` only, so the cached
     views of an image are the same however the images are batched, ordered or resumed."""

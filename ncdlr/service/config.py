@@ -44,7 +44,7 @@ class DataConfig:
     crop_scale_min: float = 0.5  #: RandomResizedCrop lower scale bound for the two views
     feature_noise: float = 0.0  #: feature-table mode: std of Gaussian noise making the two "views"
     max_steps_per_epoch: int = 0  #: feature-table mode: cap on steps per epoch; 0 → a full pass over the novel split
-    decode_on: str = "host"  #: image mode: where training images are decoded and augmented: "host" (Ray Data read tasks, PIL, on every free CPU) | "device" (the worker's device: Ray Data ships the encoded bytes; measured 0.37x the host's images/s on an H100, see docs/benchmarks.md "GPU input path")
+    decode_on: str = "host"  #: image mode: where training images are decoded and augmented: "host" (Ray Data read tasks, PIL, on every free CPU) | "device" (the worker's device: Ray Data ships the encoded bytes) | "hybrid" (read tasks decode, the worker's device crops and resizes). docs/benchmarks.md "GPU input path" compares them
 
 
 @dataclass
@@ -120,7 +120,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "method.loss": ("auto", "mse", "ce"),
     "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
-    "data.decode_on": ("host", "device"),
+    "data.decode_on": ("host", "device", "hybrid"),
     "run.checkpoint_upload": ("async", "sync"),
 }
 

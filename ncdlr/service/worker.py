@@ -96,7 +96,7 @@ def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world:
     """``epoch → batches`` of this rank: seeded in-memory batches of the feature splits, or the Ray Data shards.
 
     Image streams by ``data.decode_on``: ``device`` decodes and augments the encoded images on ``device`` in
-    Ray's prefetch threads; ``host`` streams carry the crops, which on a GPU cross to the device as uint8 and
+    Ray's prefetch threads (``hybrid``: crops the images the read tasks decoded); ``host`` streams carry the crops, which on a GPU cross to the device as uint8 and
     are normalised there, on a CPU in Ray's prefetch threads. The streams start here (``PairedBatches.start``)."""
     from .train_loop import feature_batches
 
@@ -109,7 +109,7 @@ def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world:
     from .run_data import pipeline_config
 
     pipe = pipeline_config(cfg)
-    on_device = pipe.decode_on == "device"
+    on_device = pipe.decode_on in ("device", "hybrid")
     paired = PairedBatches(ray.train.get_dataset_shard("known"), ray.train.get_dataset_shard("novel"),
                            batch_size=cfg.data.batch_size, normalise=device.type != "cuda",
                            device_views=pipe.device_views() if on_device else None,

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from ncdlr.data.device_views import DeviceTrainViews, decode_images, is_complete_jpeg, resized_crops
-from ncdlr.data.transforms import TrainViews, normalise_chw, random_resized_crop_box
+from ncdlr.data.transforms import DecodedImages, TrainViews, normalise_chw, random_resized_crop_box
 
 SIZE = 32
 
@@ -113,3 +113,24 @@ def test_device_views_refuse_a_bad_scaling_or_crop_scale() -> None:
         DeviceTrainViews(scaling="rgb")
     with pytest.raises(ValueError, match="crop_scale"):
         DeviceTrainViews(crop_scale=(0.0, 1.0))
+
+
+def test_hybrid_views_from_host_decoded_pixels_match_the_device_decoded_ones() -> None:
+    """``decode_on="hybrid"``: ``DecodedImages`` (PIL in the read task) then ``of_pixels`` gives the views the
+    all-device path gives from the bytes (same seed, same image sizes: same boxes and flips), and an unreadable
+    image is invalid with zero views on both."""
+    data = mixed_batch() + [b"\xff\xd8\xff broken"]
+    decoded = DecodedImages(min_side=46)({"image": np.array(data, dtype=object), "label": np.arange(len(data)),
+                                          "source_id": np.array([f"i{i}" for i in range(len(data))], dtype=object)})
+    assert decoded["valid"].tolist() == [True] * 6 + [False]
+    assert [p.shape for p in decoded["pixels"][:2]] == [(48, 64, 3), (60, 40, 3)] and set(decoded) == {
+        "pixels", "valid", "label", "source_id"}
+    transform = DeviceTrainViews(size=SIZE, seed=4)
+    pixels = [torch.from_numpy(p) for p in decoded["pixels"]]
+    hybrid = transform.of_pixels(pixels, torch.from_numpy(decoded["valid"]), "cpu")
+    device = transform(data, "cpu")
+    assert torch.equal(hybrid["valid"], device["valid"])
+    for view in ("view1", "view2"):
+        diff = (hybrid[view] - device[view]).abs().mean(dim=(1, 2, 3)) * 255 * 0.226  # ≈ grey levels
+        assert diff.max() < 2.0, diff
+        assert not hybrid[view][6].any()
