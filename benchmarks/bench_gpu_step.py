@@ -4,6 +4,7 @@ Usage (on a GPU machine; needs torch, timm, torchvision, no Ray)::
 
     python benchmarks/bench_gpu_step.py --out DIR      # ≈ 2–3 min on an H100/H200 (inductor compiles twice)
     python benchmarks/bench_gpu_step.py --smoke        # tiny sizes on CPU: checks the script, no numbers
+    python benchmarks/bench_gpu_step.py --input-only   # the input designs alone, full sizes, on any machine
 
 1. **Step settings** (``optim.compile``, ``optim.channels_last``), each against the plain eager step measured in
    the same run (``bench_gpu.train_step_numbers``, in-memory inputs, bf16 autocast):
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -42,7 +44,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import bench_gpu  # noqa: E402
 
 from ncdlr.data.device_views import DeviceTrainViews  # noqa: E402
-from ncdlr.data.transforms import TrainViews  # noqa: E402
+from ncdlr.data.transforms import TrainViews, decode_rgb  # noqa: E402
 
 VIT = bench_gpu.FULL
 LITE = replace(bench_gpu.FULL, encoder="efficientnet_lite0", image=160, known=22, novel=21, batch=64, batch_full=64)
@@ -73,11 +75,17 @@ def input_designs(device: torch.device, batch: int, size: int, smoke: bool) -> d
     host = TrainViews(size=size, dtype="uint8", threads=1)
     column = np.array(data, dtype=object)
     host_s = statistics.median(bench_gpu.timed(lambda: host({"image": column}), torch.device("cpu"), 1, 3))
+    keep = int(math.ceil(size / math.sqrt(host.crop_scale[0])))
+    decode_s = statistics.median(bench_gpu.timed(lambda: [decode_rgb(d, min_side=keep) for d in data],
+                                                 torch.device("cpu"), 1, 3))
     views = DeviceTrainViews(size=size)
     device_s = statistics.median(bench_gpu.timed(lambda: views(data, device), device, 2, 10))
     return {"images": len(data), "mean_jpeg_kb": sum(map(len, data)) / len(data) / 1024,
-            "host_images_per_s_per_core": len(data) / host_s, "device_ms_per_step": device_s * 1e3,
-            "device_images_per_s": len(data) / device_s}
+            "host_images_per_s_per_core": len(data) / host_s,
+            "host_decode_ms_per_image": decode_s / len(data) * 1e3,
+            "host_crops_ms_per_image": (host_s - decode_s) / len(data) * 1e3,
+            "device_ms_per_step": device_s * 1e3, "device_images_per_s": len(data) / device_s,
+            "device": str(device)}
 
 
 def markdown(result: dict) -> str:
@@ -92,11 +100,16 @@ def markdown(result: dict) -> str:
                      f"{row['step_ms']:.1f} | {row['images_per_s']:.0f} | {row['images_per_s'] / base['images_per_s']:.2f}x | "
                      f"{row['achieved_tflops']:.0f} | {row['achieved_tflops'] / peak:.1%} | {row['first_step_s']:.1f} |")
     i = result["input"]
-    lines += ["", f"input designs, one step's {i['images']} JPEGs (mean {i['mean_jpeg_kb']:.0f} KiB): host "
-              f"(PIL decode + two crops, one CPU thread) {i['host_images_per_s_per_core']:.0f} images/s per core; "
-              f"device (nvJPEG batch + roi_align) {i['device_ms_per_step']:.1f} ms per step = "
-              f"{i['device_images_per_s']:.0f} images/s"]
+    lines += ["", input_line(result["input"])]
     return "\n".join(lines)
+
+
+def input_line(i: dict) -> str:
+    return (f"input designs, one step's {i['images']} JPEGs (mean {i['mean_jpeg_kb']:.0f} KiB): host (PIL decode "
+            f"+ two crops, one CPU thread) {i['host_images_per_s_per_core']:.0f} images/s per core = decode "
+            f"{i['host_decode_ms_per_image']:.2f} ms + crops {i['host_crops_ms_per_image']:.2f} ms an image; "
+            f"device on {i['device']} (batch decode + roi_align) {i['device_ms_per_step']:.1f} ms per step = "
+            f"{i['device_images_per_s']:.0f} images/s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="directory for gpu_step.json and gpu_step.md (default: print only)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: checks the script, no numbers")
     parser.add_argument("--encoders", default="vit,lite", help="comma list of vit, lite (default both)")
+    parser.add_argument("--input-only", action="store_true",
+                        help="only the input designs' cost at full sizes, on this machine's device (CPU without a GPU)")
     args = parser.parse_args(argv)
+    if args.input_only:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        print(input_line(input_designs(device, VIT.batch, VIT.image, False)))
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if device.type != "cuda" and not args.smoke:
         parser.error("no CUDA device: run on a GPU machine, or pass --smoke")

@@ -6,8 +6,8 @@ into the same two augmented views on its own device:
 
 1. **decode** (:func:`decode_images`): complete JPEGs with ``torchvision.io.decode_jpeg`` over the whole batch
    at once (nvJPEG on a CUDA device, libjpeg-turbo on the CPU); other formats (PNG, WebP, ...), JPEGs without
-   their end marker and JPEGs the batch decoder refuses (CMYK, some progressive files) with PIL on the host (``decode_rgb``: transparency flattened
-   onto white, as on the host path), then copied over. An image neither decodes is ``None``: its row comes
+   their end marker and JPEGs the batch decoder refuses (CMYK, some progressive files) with PIL on the host
+   (``decode_rgb``: transparency flattened onto white, as on the host path), then copied over. An image neither decodes is ``None``: its row comes
    out with ``valid=False`` and zero views; nothing raises for a bad image.
 2. **crop boxes** on the host: torchvision's RandomResizedCrop draw and the flip draw, per image from its own
    stream (:func:`ncdlr.data.transforms.random_resized_crop_box`, the same calls in the same order as the
@@ -15,7 +15,7 @@ into the same two augmented views on its own device:
 3. **resize** (:func:`resized_crops`): ``torchvision.ops.roi_align`` (``aligned=True``, adaptive sampling)
    crops every box and resamples it to ``size × size`` in one call per group of same-sized images: bilinear
    samples averaged over each output pixel's footprint, i.e. an antialiased downscale, close to PIL's bilinear
-   resize with a box (mean difference under 2 grey levels on natural images, tested).
+   resize with a box (mean difference under 2 grey levels on photo-like test images, tested).
 4. **flip and normalise** on the device; output float32 ``[N, 3, S, S]`` ready for the encoder.
 
 Pure torch on whatever device is given, so the whole path runs (and is tested against the host path) on the
@@ -23,8 +23,10 @@ CPU; on a GPU only the encoded bytes (≈ 10× fewer than two uint8 crops) cross
 
 **Hybrid** (``decode_on="hybrid"``): the host decodes (``ncdlr.data.transforms.DecodedImages`` in the read
 tasks, spread over every free CPU) and the device does steps 2–4 (:meth:`DeviceTrainViews.of_pixels`).
-On the H100 machine JPEG decoding was 40 % of the host path's CPU per image and the two antialiased resizes
-60 %; torchvision's nvJPEG path leaves the entropy decoding on the calling CPU thread.
+The two antialiased resizes cost the host path about twice its JPEG decode (``benchmarks/bench_gpu_step.py
+--input-only``: 2.3 ms against 1.2 ms an image), and on an H100 the device path was slower than the host path:
+torchvision's nvJPEG path keeps the entropy decoding on the calling CPU thread (docs/benchmarks.md,
+"GPU input path").
 
 :func:`on_side_stream` runs either on a CUDA stream of its own, so the next batch's copies and kernels overlap
 the training step.

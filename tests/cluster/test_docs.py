@@ -22,9 +22,16 @@ def test_every_repository_path_the_readme_names_exists():
 
 
 def test_cost_is_a_formula_from_the_benchmark_not_an_invented_number():
-    section = README.split("## 6. Expected cost", 1)[1].split("\n## ", 1)[0]
-    assert "benchmarks/bench_train.py" in section and "GPU-hours ≈" in section
+    section = README.split("## 7. Expected cost", 1)[1].split("\n## ", 1)[0]
+    assert "benchmarks/bench_gpu_train.py" in section and "GPU-hours ≈" in section
     assert "not measured" in section.lower() or "not done" in section.lower()
+
+
+def test_readme_says_what_a_multi_gpu_node_runs():
+    section = README.split("## 6. One node with 4 or 8 GPUs", 1)[1].split("\n## ", 1)[0]
+    for needle in ("cpus_per_worker", "data.batch_size", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                   "read_tasks_for", "tests/service/test_trainer_e2e.py"):
+        assert needle in section, needle
 
 
 def test_readme_says_what_to_change_for_other_clouds():

@@ -126,7 +126,7 @@ def test_hybrid_views_from_host_decoded_pixels_match_the_device_decoded_ones() -
     assert [p.shape for p in decoded["pixels"][:2]] == [(48, 64, 3), (60, 40, 3)] and set(decoded) == {
         "pixels", "valid", "label", "source_id"}
     transform = DeviceTrainViews(size=SIZE, seed=4)
-    pixels = [torch.from_numpy(p) for p in decoded["pixels"]]
+    pixels = [torch.from_numpy(np.array(p)) for p in decoded["pixels"]]
     hybrid = transform.of_pixels(pixels, torch.from_numpy(decoded["valid"]), "cpu")
     device = transform(data, "cpu")
     assert torch.equal(hybrid["valid"], device["valid"])
