@@ -116,6 +116,10 @@ class PipelineConfig:
     # its device, ``ncdlr.data.device_views``) or "hybrid" (the read tasks decode, the consumer crops on its
     # device). docs/benchmarks.md, "GPU input path", compares them.
     decode_on: str = "host"
+    # Epochs of the training splits each Ray Data execution streams (``PairedBatches(steps_per_epoch=...)``
+    # cuts them into epochs). Each execution starts with a second or two in which little is decoded: on short
+    # epochs that is a large share of the epoch (docs/benchmarks.md, "Epoch restarts").
+    passes_per_execution: int = 1
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY_MODES:
@@ -125,6 +129,7 @@ class PipelineConfig:
         if self.decode_on not in DECODE_PLACES:
             raise ValueError(f"PipelineConfig.decode_on must be one of {DECODE_PLACES}, got {self.decode_on!r}")
         counts = {"batch_size": self.batch_size, "decode_batch_size": self.decode_batch_size,
+                  "passes_per_execution": self.passes_per_execution,
                   "rows_per_read_task": self.rows_per_read_task, "rows_per_block": self.rows_per_block,
                   "decode_threads": self.decode_threads}
         if bad := {k: v for k, v in counts.items() if v < 1}:
@@ -234,14 +239,20 @@ class ShardDatasource(Datasource):
     many rows of a file (a small dataset then still spreads over several CPUs). With ``decode`` the read
     tasks also decode (``decoded_blocks``): raw rows never cross the object store and no separate map step
     waits to be scheduled. With ``shuffle`` the tasks are handed out in a new random order each time Ray
-    plans an execution (each epoch), and decoding tasks also permute the rows of each row group afresh."""
+    plans an execution (each epoch), and decoding tasks also permute the rows of each row group afresh. With
+    ``passes`` > 1 one execution reads everything that many times, one pass after the other, each pass in an
+    order of its own (a training stream then restarts once per ``passes`` epochs, see ``PairedBatches``)."""
 
     def __init__(self, fs: pafs.FileSystem, paths: Sequence[str], *, rows: Sequence[int] | None = None,
                  sizes: Sequence[int] | None = None, columns: Sequence[str] | None = None, split: str | None = None,
-                 shuffle: bool = False, rows_per_task: int | None = None, decode: DecodeSpec | None = None) -> None:
+                 shuffle: bool = False, rows_per_task: int | None = None, decode: DecodeSpec | None = None,
+                 passes: int = 1) -> None:
         super().__init__()
         if rows_per_task is not None and rows_per_task < 1:
             raise ValueError(f"rows_per_task must be >= 1, got {rows_per_task}")
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        self.passes = passes
         self.fs = fs
         self.paths = list(paths)
         self.rows = list(rows) if rows is not None else None
@@ -252,10 +263,12 @@ class ShardDatasource(Datasource):
         self.rows_per_task = rows_per_task
         self.decode = decode
 
-    def decoding(self, decode: DecodeSpec, rows_per_task: int | None) -> ShardDatasource:
-        """The same files, read in tasks of about ``rows_per_task`` rows that also decode (``decode``)."""
+    def decoding(self, decode: DecodeSpec, rows_per_task: int | None, passes: int = 1) -> ShardDatasource:
+        """The same files, read in tasks of about ``rows_per_task`` rows that also decode (``decode``), ``passes``
+        times over in one execution."""
         return ShardDatasource(self.fs, self.paths, rows=self.rows, sizes=self.sizes, columns=self.columns,
-                               split=self.split, shuffle=self.shuffle, rows_per_task=rows_per_task, decode=decode)
+                               split=self.split, shuffle=self.shuffle, rows_per_task=rows_per_task, decode=decode,
+                               passes=passes)
 
     def get_name(self) -> str:
         return "ReadShards" if self.decode is None else "ReadAndDecodeShards"
@@ -281,9 +294,12 @@ class ShardDatasource(Datasource):
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[ReadTask]:
         pieces = self.pieces()
-        order = np.random.default_rng().permutation(len(pieces)) if self.shuffle else np.arange(len(pieces))
+        rng = np.random.default_rng()
+        # ``passes`` passes one after the other, each in its own order: pass p's tasks come before pass p+1's
+        order = np.concatenate([rng.permutation(len(pieces)) if self.shuffle else np.arange(len(pieces))
+                                for _ in range(self.passes)])
         tasks = []
-        for group in np.array_split(order, max(1, min(parallelism, len(pieces)))):
+        for group in np.array_split(order, max(1, min(parallelism, len(order)))):
             if len(group) == 0:
                 continue
             chosen = [pieces[i] for i in group]
@@ -382,21 +398,22 @@ def load_splits(uri: str, split_names: Iterable[str], *, verify: str = "stamp",
     return datasets
 
 
-def _decode(dataset: Any, transform: Callable[[int], Any], cfg: PipelineConfig) -> Any:
+def _decode(dataset: Any, transform: Callable[[int], Any], cfg: PipelineConfig, passes: int = 1) -> Any:
     """``dataset`` with ``transform(threads)`` applied to every row, ``cfg``'s memory cap set.
 
     A dataset straight from ``load_splits`` is read again with the decoding inside its read tasks
     (``ShardDatasource.decoding``; measured faster than a separate map step, docs/benchmarks.md "Data
     pipeline"). Otherwise (or with ``cfg.decode_in_read_tasks=False``) ``map_batches`` tasks decode blocks of
     at most ``cfg.rows_per_block`` rows, cut by a ``repartition`` step first (streaming, nothing
-    materialised) unless the read already cut them that small, so decoding still runs on every CPU."""
+    materialised) unless the read already cut them that small, so decoding still runs on every CPU.
+    ``passes``: read the data that many times in one execution (read-task decoding only)."""
     source, rows_per_read_block = _SOURCE_OF.get(dataset, (None, None))
     if source is not None and cfg.decode_in_read_tasks:
         one_thread = transform(1)
         fused = source.decoding(DecodeSpec(one_thread, cfg.rows_per_block, cfg.decode_threads),
-                                rows_per_task=cfg.rows_per_read_task)
-        # Exactly one block request per piece: Ray Data then neither groups pieces nor splits their output.
-        decoded = ray.data.read_datasource(fused, override_num_blocks=len(fused.pieces()),
+                                rows_per_task=cfg.rows_per_read_task, passes=passes)
+        # Exactly one block request per piece and pass: Ray Data then neither groups pieces nor splits their output.
+        decoded = ray.data.read_datasource(fused, override_num_blocks=len(fused.pieces()) * passes,
                                            num_cpus=cfg.decode_num_cpus)
         # Ray Data gathers a task's output blocks up to the context's target_max_block_size (128 MiB) and
         # concatenates them before storing; a target a little under one decoded block stores each block as
@@ -411,16 +428,24 @@ def _decode(dataset: Any, transform: Callable[[int], Any], cfg: PipelineConfig) 
     return decoded
 
 
+def object_store_limit(cfg: PipelineConfig) -> int | None:
+    """The per-dataset object-store cap to apply: ``cfg.object_store_limit_bytes``, but none (Ray's default: a
+    share of the node's object store) when an execution streams several passes: with 512 MiB, 6 read tasks
+    and 4 passes Ray Data 2.60 back-pressured every task and stopped delivering (``bench_epochs.py``, seen
+    2026-11-27)."""
+    return cfg.object_store_limit_bytes if cfg.passes_per_execution == 1 else None
+
+
 def limit_memory(dataset: Any, cfg: PipelineConfig) -> None:
-    """Cap the object-store memory this dataset's execution keeps in flight (``cfg.object_store_limit_bytes``);
+    """Cap the object-store memory this dataset's execution keeps in flight (:func:`object_store_limit`);
     Ray Data's streaming executor then back-pressures the reads. (Inside Ray Train, ``train_data_config``
     sets the same limit for the split streams.)"""
-    if cfg.object_store_limit_bytes is None:
+    if object_store_limit(cfg) is None:
         return
     from ray.data import ExecutionResources
 
     dataset.context.execution_options.resource_limits = ExecutionResources.for_limits(
-        object_store_memory=cfg.object_store_limit_bytes)
+        object_store_memory=object_store_limit(cfg))
 
 
 def without_source_ids(batch: dict[str, np.ndarray], done: np.ndarray) -> dict[str, np.ndarray]:
@@ -441,13 +466,16 @@ def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
     With ``cfg.decode_on == "device"`` the rows keep their encoded ``image`` bytes (plus ``label`` and
     ``source_id``; :class:`~ncdlr.data.transforms.EncodedRows`) and the consumer makes the views:
     ``PairedBatches(device_views=cfg.device_views(), ...)``; with ``"hybrid"`` the rows carry the decoded,
-    uncropped ``pixels`` (:class:`~ncdlr.data.transforms.DecodedImages`) and the consumer crops the same way."""
+    uncropped ``pixels`` (:class:`~ncdlr.data.transforms.DecodedImages`) and the consumer crops the same way.
+    ``cfg.passes_per_execution`` > 1: each execution streams the rows that many times (read with ``PairedBatches(
+    steps_per_epoch=...)``, which cuts the stream into epochs)."""
+    passes = cfg.passes_per_execution
     if cfg.decode_on == "device":
-        return _decode(dataset, lambda threads: EncodedRows(), cfg)
+        return _decode(dataset, lambda threads: EncodedRows(), cfg, passes)
     if cfg.decode_on == "hybrid":
         keep = int(math.ceil(cfg.image_size / math.sqrt(cfg.crop_scale[0])))  # the smallest crop keeps full detail
-        return _decode(dataset, lambda threads: DecodedImages(min_side=keep), cfg)
-    return _decode(dataset, lambda threads: cfg.train_views(cfg.transfer_dtype, threads), cfg)
+        return _decode(dataset, lambda threads: DecodedImages(min_side=keep), cfg, passes)
+    return _decode(dataset, lambda threads: cfg.train_views(cfg.transfer_dtype, threads), cfg, passes)
 
 
 def with_cached_views(dataset: Any, cfg: PipelineConfig, views: int, seed: int) -> Any:
@@ -494,13 +522,13 @@ def read_tasks_for(cfg: PipelineConfig, split_rows: dict[str, int], free_cpus: f
 
 def train_data_config(cfg: PipelineConfig, datasets_to_split: Sequence[str] | str = ("known", "novel")) -> Any:
     """``ray.train.DataConfig`` that splits the training streams equally over workers and caps each
-    dataset's in-flight object-store memory at ``cfg.object_store_limit_bytes``."""
+    dataset's in-flight object-store memory at :func:`object_store_limit`."""
     import ray.train
     from ray.data import ExecutionOptions, ExecutionResources
 
     options = ExecutionOptions()
-    if cfg.object_store_limit_bytes is not None:
-        options.resource_limits = ExecutionResources.for_limits(object_store_memory=cfg.object_store_limit_bytes)
+    if object_store_limit(cfg) is not None:
+        options.resource_limits = ExecutionResources.for_limits(object_store_memory=object_store_limit(cfg))
     split = datasets_to_split if isinstance(datasets_to_split, str) else list(datasets_to_split)
     return ray.train.DataConfig(datasets_to_split=split, execution_options=options)
 
@@ -568,7 +596,9 @@ class PairedBatches:
     """B known + B novel rows per step from two per-worker streams (``DataIterator``s or Datasets).
 
     Iterating the object runs one epoch: one pass over the novel stream. The known stream cycles and
-    carries over between epochs (see the module docstring). Each step is a dict::
+    carries over between epochs (see the module docstring). With ``steps_per_epoch`` the novel stream cycles
+    too and an epoch is that many steps: for streams that hold several epochs per Ray Data execution
+    (``PipelineConfig.passes_per_execution``), whose restart then costs once per execution, not per epoch. Each step is a dict::
 
         {"known": {...}, "novel": {...}, "bad_source_ids": [...]}
 
@@ -592,7 +622,11 @@ class PairedBatches:
 
     def __init__(self, known: Any, novel: Any, batch_size: int, *, device: Any = None, prefetch_batches: int = 2,
                  local_shuffle_buffer_size: int | None = None, normalise: bool = True,
-                 device_views: Any = None) -> None:
+                 device_views: Any = None, steps_per_epoch: int | None = None) -> None:
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+        self.steps_per_epoch = steps_per_epoch
+        self._novel_stream: Iterator[dict[str, Any]] | None = None  # with steps_per_epoch: the cycling novel stream
         self.known = known
         self.novel = novel
         self.batch_size = batch_size
@@ -611,16 +645,18 @@ class PairedBatches:
                                          prefetch_batches=self.prefetch_batches,
                                          local_shuffle_buffer_size=self.local_shuffle_buffer_size)
 
-    def _cycle_known(self) -> Iterator[dict[str, Any]]:
+    def _cycle(self, side: str) -> Iterator[dict[str, Any]]:
+        """Batches of the ``side`` stream ("known" or "novel"), restarted whenever a pass (execution) ends."""
         while True:
             produced = 0
-            for batch in self._batches(self.known):
+            for batch in self._batches(self.known if side == "known" else self.novel):
                 produced += 1
                 yield batch
             if produced == 0:
-                raise ValueError(f"the known stream holds fewer than batch_size={self.batch_size} rows on this "
+                raise ValueError(f"the {side} stream holds fewer than batch_size={self.batch_size} rows on this "
                                  "worker: lower the batch size or use fewer workers")
-            self.epochs_of_known += 1
+            if side == "known":
+                self.epochs_of_known += 1
 
     def _prepare(self, batch: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         batch, bad = split_valid(batch)
@@ -640,9 +676,14 @@ class PairedBatches:
             self._head_start = pool.submit(self._first_batches)
             pool.shutdown(wait=False)  # the one task runs on; the thread ends with it
 
-    def _first_batches(self) -> tuple[Iterator[dict[str, Any]], list[dict[str, Any]]]:
+    def _first_batches(self) -> tuple[Iterator[dict[str, Any]], list[dict[str, Any]]] | None:
+        known = self._cycle("known")
+        if self.steps_per_epoch is not None:
+            novel = self._cycle("novel")
+            self._novel_stream = _prepended(next(novel), novel)
+            self._known_stream = _prepended(next(known), known)
+            return None
         novel = iter(self._batches(self.novel))
-        known = self._cycle_known()
         self._known_stream = _prepended(next(known), known)
         first = next(novel, None)
         return novel, ([] if first is None else [first])
@@ -652,22 +693,29 @@ class PairedBatches:
         if self._head_start is not None:
             self._head_start.result()
             self._head_start = None
-        if self._known_stream is not None:
-            self._known_stream.close()
-            self._known_stream = None
+        for stream in (self._known_stream, self._novel_stream):
+            if stream is not None:
+                stream.close()
+        self._known_stream = self._novel_stream = None
 
     def _novel_batches(self) -> Iterator[dict[str, Any]]:
-        """This epoch's novel batches: the head start's (first batch already fetched), else a fresh pass."""
-        if self._head_start is None:
-            return iter(self._batches(self.novel))
-        novel, first = self._head_start.result()
+        """This epoch's novel batches: ``steps_per_epoch`` of the cycling novel stream, or one pass (the head
+        start's, whose first batch is already fetched, or a fresh one)."""
+        head = self._head_start.result() if self._head_start is not None else None
         self._head_start = None
+        if self.steps_per_epoch is not None:
+            if self._novel_stream is None:
+                self._novel_stream = self._cycle("novel")
+            return itertools.islice(self._novel_stream, self.steps_per_epoch)
+        if head is None:
+            return iter(self._batches(self.novel))
+        novel, first = head
         return itertools.chain(first, novel)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         novel_batches = self._novel_batches()
         if self._known_stream is None:
-            self._known_stream = self._cycle_known()
+            self._known_stream = self._cycle("known")
         steps = 0
         for novel in novel_batches:
             known, bad_known = self._prepare(next(self._known_stream))

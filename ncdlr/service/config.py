@@ -44,6 +44,7 @@ class DataConfig:
     crop_scale_min: float = 0.5  #: RandomResizedCrop lower scale bound for the two views
     feature_noise: float = 0.0  #: feature-table mode: std of Gaussian noise making the two "views"
     max_steps_per_epoch: int = 0  #: feature-table mode: cap on steps per epoch; 0 → a full pass over the novel split
+    epochs_per_execution: int = 1  #: image mode: epochs of the training splits each Ray Data execution streams, each re-shuffled (an execution's start costs a second or two of little decoding: worth it on epochs of seconds; docs/benchmarks.md "Epoch restarts")
     decode_on: str = "host"  #: image mode: where training images are decoded and augmented: "host" (Ray Data read tasks, PIL, on every free CPU) | "device" (the worker's device: Ray Data ships the encoded bytes) | "hybrid" (read tasks decode, the worker's device crops and resizes). docs/benchmarks.md "GPU input path" compares them
 
 

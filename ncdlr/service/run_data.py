@@ -115,4 +115,5 @@ def pipeline_config(cfg: Config, *, eval_mode: bool = False):
     return pipeline.PipelineConfig(image_size=cfg.data.image_size, crop_scale=(cfg.data.crop_scale_min, 1.0),
                                    scaling=input_scaling(cfg.model.encoder),
                                    batch_size=cfg.data.eval_batch_size if eval_mode else cfg.data.batch_size,
-                                   decode_on=cfg.data.decode_on)
+                                   decode_on=cfg.data.decode_on,
+                                   passes_per_execution=max(1, min(cfg.data.epochs_per_execution, cfg.optim.epochs)))

@@ -91,13 +91,15 @@ def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, r
     return client
 
 
-def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world: int, device: torch.device
-                  ) -> Callable[[int], Iterable[PairedBatch]]:
+def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world: int, device: torch.device,
+                  steps: int) -> Callable[[int], Iterable[PairedBatch]]:
     """``epoch → batches`` of this rank: seeded in-memory batches of the feature splits, or the Ray Data shards.
 
     Image streams by ``data.decode_on``: ``device`` decodes and augments the encoded images on ``device`` in
     Ray's prefetch threads (``hybrid``: crops the images the read tasks decoded); ``host`` streams carry the crops, which on a GPU cross to the device as uint8 and
-    are normalised there, on a CPU in Ray's prefetch threads. The streams start here (``PairedBatches.start``)."""
+    are normalised there, on a CPU in Ray's prefetch threads. The streams start here (``PairedBatches.start``).
+    An epoch is ``steps`` steps of the cycling streams (each Ray Data execution holds ``data.epochs_per_execution``
+    epochs; with 1 that is exactly one pass over this rank's share of the novel rows, as before)."""
     from .train_loop import feature_batches
 
     if features is not None:
@@ -113,7 +115,7 @@ def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world:
     paired = PairedBatches(ray.train.get_dataset_shard("known"), ray.train.get_dataset_shard("novel"),
                            batch_size=cfg.data.batch_size, normalise=device.type != "cuda",
                            device_views=pipe.device_views() if on_device else None,
-                           device=device if on_device else None)
+                           device=device if on_device else None, steps_per_epoch=steps)
     paired.start()  # Ray Data starts up while the caller builds the model
     return lambda epoch: image_batches(paired, cfg.data.batch_size)
 
@@ -257,7 +259,7 @@ def train_worker(config: dict) -> None:
     # ---- building, once ---------------------------------------------------------------------------------------
     max_steps = cfg.data.max_steps_per_epoch if features is not None else 0  # image streams run whole epochs
     steps = steps_per_epoch(summary.novel_rows, cfg.data.batch_size, world, max_steps)
-    batches = epoch_batches(cfg, features, rank, world, device)  # image streams start now, beside the build
+    batches = epoch_batches(cfg, features, rank, world, device, steps)  # image streams start now, beside the build
     state = build_state(cfg, summary, steps, device, world)
     buffer_state = restore(state, cfg, rank)
     actor = ray.get_actor(config["actor"], namespace=config["namespace"]) if config.get("actor") else None

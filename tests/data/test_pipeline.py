@@ -26,6 +26,7 @@ from ncdlr.data.pipeline import (
     decoded_blocks,
     shuffled_rows,
     load_splits,
+    object_store_limit,
     read_tasks_for,
     to_torch,
     train_data_config,
@@ -616,3 +617,44 @@ def test_a_head_start_gives_the_first_epoch_every_novel_row_once_and_the_next_on
         assert all(len(s["known"]["source_id"]) == 4 for s in steps)
     assert batches.epochs_of_known >= 2, "12 known rows, 8 known batches of 4 drawn: the known stream cycled"
     batches.close()
+
+
+@pytest.mark.slow
+def test_several_epochs_per_execution_give_every_epoch_its_steps_and_every_row_once_per_epoch(data_ray,
+                                                                                              tmp_path: Path) -> None:
+    """``passes_per_execution=3`` + ``PairedBatches(steps_per_epoch=...)``: one Ray Data execution streams three
+    re-shuffled passes, cut into epochs of exactly ``steps_per_epoch`` steps; over the three epochs every novel
+    row is seen three times (one consumer) and the passes come in different orders."""
+    records, classes, info = make_tiny_dataset(train_counts=(8, 4, 8, 8), test_per_class=1)
+    write_dataset(str(tmp_path / "ds"), records, classes, info, progress=False)
+    cfg = PipelineConfig(image_size=SIZE, passes_per_execution=3, rows_per_block=4)
+    datasets = build_datasets(str(tmp_path / "ds"), cfg, eval_splits=())
+    batches = PairedBatches(datasets["known"], datasets["novel"], batch_size=4, steps_per_epoch=4)
+    batches.start()
+    epochs = [[i for s in batches for i in s["novel"]["source_id"]] for _ in range(3)]
+    batches.close()
+    novel = sorted(r.source_id for r in records if r.split == "novel")
+    assert [len(e) for e in epochs] == [16, 16, 16], "4 steps of 4 novel rows each epoch"
+    seen = sorted(i for e in epochs for i in e)
+    assert seen == sorted(novel * 3), "three passes, each row once per pass"
+    assert len({tuple(e) for e in epochs}) == 3, "each pass in its own order"
+
+
+def test_a_shard_source_with_passes_plans_one_task_per_piece_and_pass() -> None:
+    source = ShardDatasource(pafs.LocalFileSystem(), ["a.parquet", "b.parquet"], rows=[10, 10], sizes=[100, 100],
+                             shuffle=True, passes=3)
+    tasks = source.get_read_tasks(parallelism=100)
+    assert len(tasks) == 6 and sum(t.metadata.num_rows for t in tasks) == 60
+    with pytest.raises(ValueError, match="passes"):
+        ShardDatasource(pafs.LocalFileSystem(), ["a.parquet"], passes=0)
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        PairedBatches(None, None, batch_size=4, steps_per_epoch=0)
+
+
+def test_several_passes_per_execution_lift_the_object_store_cap() -> None:
+    """With 512 MiB per dataset and 4 passes Ray Data 2.60 back-pressured every read task and stopped delivering
+    (bench_epochs.py): a multi-pass stream runs under Ray's own default cap instead."""
+    assert object_store_limit(PipelineConfig(object_store_limit_bytes=512 * 2**20)) == 512 * 2**20
+    assert object_store_limit(PipelineConfig(object_store_limit_bytes=512 * 2**20, passes_per_execution=4)) is None
+    with pytest.raises(ValueError, match="passes_per_execution"):
+        PipelineConfig(passes_per_execution=0)

@@ -1,4 +1,4 @@
-"""End-to-end Ray Train runs (slow; kept to four TorchTrainer runs in all).
+"""End-to-end Ray Train runs (slow; kept to five TorchTrainer runs in all).
 
 1. Image mode: 2 CPU DDP workers stream a tiny prepared dataset (with one corrupt JPEG) from the real rclone
    S3 server, train, evaluate and write the report; τ is identical on both ranks. The images are decoded and
@@ -69,6 +69,27 @@ def test_two_workers_train_on_images_from_s3_and_write_the_report(ray_local, s3_
     for name in ("config.yaml", "predictions.parquet", "summary.md"):
         assert (tmp_path / "run" / name).is_file(), name
     assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_two_workers_stream_two_epochs_per_execution_in_lockstep(ray_local, tmp_path):
+    """``data.epochs_per_execution = 2``: one Ray Data execution holds both epochs, cut into epochs of the same
+    number of steps on both DDP ranks (no rank waits for a stream restart the other never asks for), and τ
+    stays identical on both."""
+    from ncdlr.service.trainer import fit
+
+    records, classes, info = make_tiny_dataset(train_counts=(16, 8, 12, 12), num_known=2, test_per_class=3, size=40)
+    write_dataset(str(tmp_path / "tiny"), records, classes, info, progress=False)
+    cfg = Config()
+    cfg.data.uri, cfg.data.batch_size, cfg.data.image_size, cfg.data.eval_batch_size = str(tmp_path / "tiny"), 4, 32, 16
+    cfg.data.epochs_per_execution = 2
+    cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = "tiny_cnn", -1, "linear"
+    cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 32
+    cfg.optim.epochs, cfg.optim.warmup_epochs = 2, 1
+    cfg.run.num_workers, cfg.run.cpus_per_worker, cfg.run.output = 2, 1.0, str(tmp_path / "run")
+    cfg.run.evaluate = False
+    result = fit(cfg)
+    assert result["metrics"]["epoch"] == 2 and result["metrics"]["steps"] == 3, "24 novel rows / (2 ranks × 4)"
+    assert result["metrics"]["tau_rank_spread"] == 0.0
 
 
 def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, feature_table, s3_bucket, tmp_path,
