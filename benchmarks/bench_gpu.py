@@ -292,12 +292,16 @@ def main() -> None:
     print(f"[bench_gpu] embed {result['embed']}", flush=True)
     result["ot"] = ot_numbers(device, args.smoke)
     result["input"] = input_numbers(sizes, device)
-    text = markdown(result)
+    write_result(result, markdown(result), args.out, "gpu")
+
+
+def write_result(result: dict, text: str, out: str, name: str) -> None:
+    """Print ``text``; with ``out``, also write ``<out>/<name>.json`` (``result``) and ``<out>/<name>.md`` (``text``)."""
     print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        Path(args.out, "gpu.json").write_text(json.dumps(result, indent=2))
-        Path(args.out, "gpu.md").write_text(text + "\n")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        Path(out, f"{name}.json").write_text(json.dumps(result, indent=2))
+        Path(out, f"{name}.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

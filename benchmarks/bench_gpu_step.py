@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -147,14 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch._dynamo.reset()
                 torch.cuda.empty_cache()
-    result["input"] = input_designs(device, SMOKE.batch if args.smoke else VIT.batch, SMOKE.image if args.smoke else VIT.image,
-                                    args.smoke)
-    text = markdown(result)
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        Path(args.out, "gpu_step.json").write_text(json.dumps(result, indent=2))
-        Path(args.out, "gpu_step.md").write_text(text + "\n")
+    sizes = SMOKE if args.smoke else VIT
+    result["input"] = input_designs(device, sizes.batch, sizes.image, args.smoke)
+    bench_gpu.write_result(result, markdown(result), args.out, "gpu_step")
     return 0
 
 

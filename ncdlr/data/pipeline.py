@@ -64,8 +64,17 @@ from ncdlr.data.manifest import Manifest, read_manifest
 from ncdlr.data.records import GROUPS, checked_splits
 from ncdlr.data.shards import SCHEMA, check_shard, verify_with_stamp
 from ncdlr.data.storage import join, resolve
-from ncdlr.data.transforms import (VIEW_DTYPES, CachedViews, DecodedImages, EncodedRows, EvalView, TrainViews, decode_pool, normalise_views,
-                                   split_valid)
+from ncdlr.data.transforms import (
+    VIEW_DTYPES,
+    CachedViews,
+    DecodedImages,
+    EncodedRows,
+    EvalView,
+    TrainViews,
+    decode_pool,
+    normalise_views,
+    split_valid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -689,7 +698,7 @@ class PairedBatches:
         return novel, ([] if first is None else [first])
 
     def close(self) -> None:
-        """Stop the known stream (its prefetch threads) before the end of training."""
+        """Stop the streams (their prefetch threads) before the end of training."""
         if self._head_start is not None:
             self._head_start.result()
             self._head_start = None
