@@ -182,7 +182,7 @@ def _choices(key: str) -> tuple[str, ...] | None:
     return _CHOICES.get(key)
 
 
-_MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0}  #: numeric keys with a lower bound
+_MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1}  #: numeric keys with a lower bound
 
 
 def _check_choice(key: str, value: Any) -> None:

@@ -116,4 +116,4 @@ def pipeline_config(cfg: Config, *, eval_mode: bool = False):
                                    scaling=input_scaling(cfg.model.encoder),
                                    batch_size=cfg.data.eval_batch_size if eval_mode else cfg.data.batch_size,
                                    decode_on=cfg.data.decode_on,
-                                   passes_per_execution=max(1, min(cfg.data.epochs_per_execution, cfg.optim.epochs)))
+                                   passes_per_execution=min(cfg.data.epochs_per_execution, max(1, cfg.optim.epochs)))

@@ -74,11 +74,11 @@ def _datasets(cfg: Config, data: TrainingData) -> dict:
         return {}
     from ncdlr.data import pipeline
 
+    free = data_cpus(cfg)
     pipe = pipeline.read_tasks_for(pipeline_config(cfg),
-                                   {s: data.manifest.split_counts.get(s, 0) for s in ("known", "novel")},
-                                   data_cpus(cfg))
+                                   {s: data.manifest.split_counts.get(s, 0) for s in ("known", "novel")}, free)
     log.info("Ray Data: %.0f CPU(s) beside the training workers; training splits read in tasks of <= %d rows, "
-             "images decoded on the %s", data_cpus(cfg), pipe.rows_per_read_task, pipe.decode_on)
+             "images decoded on the %s", free, pipe.rows_per_read_task, pipe.decode_on)
     raw = pipeline.load_splits(cfg.data.uri, ["known", "novel"], endpoint_url=cfg.data.endpoint_url or None,
                                manifest=data.manifest, verify="none")  # preflight.check_shards checked them
     return {"datasets": {name: pipeline.with_train_views(ds, pipe) for name, ds in raw.items()},

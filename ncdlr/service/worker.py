@@ -96,8 +96,9 @@ def epoch_batches(cfg: Config, features: FeatureSplits | None, rank: int, world:
     """``epoch → batches`` of this rank: seeded in-memory batches of the feature splits, or the Ray Data shards.
 
     Image streams by ``data.decode_on``: ``device`` decodes and augments the encoded images on ``device`` in
-    Ray's prefetch threads (``hybrid``: crops the images the read tasks decoded); ``host`` streams carry the crops, which on a GPU cross to the device as uint8 and
-    are normalised there, on a CPU in Ray's prefetch threads. The streams start here (``PairedBatches.start``).
+    Ray's prefetch threads (``hybrid``: crops the images the read tasks decoded); ``host`` streams carry the
+    crops, which on a GPU cross to the device as uint8 and are normalised there, on a CPU in Ray's prefetch
+    threads. The streams start here (``PairedBatches.start``).
     An epoch is ``steps`` steps of the cycling streams (each Ray Data execution holds ``data.epochs_per_execution``
     epochs; with 1 that is exactly one pass over this rank's share of the novel rows, as before)."""
     from .train_loop import feature_batches

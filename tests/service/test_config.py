@@ -46,6 +46,8 @@ def test_yaml_numbers_that_pyyaml_reads_as_strings_are_accepted(tmp_path):
     ("labeler:\n  use_buffer: 3\n", "labeler.use_buffer"),
     ("model:\n  head: wide\n", "model.head"),
     ("data: 5\n", "data"),
+    ("data:\n  decode_on: gpu\n", "data.decode_on"),
+    ("data:\n  epochs_per_execution: 0\n", "data.epochs_per_execution"),
 ])
 def test_bad_yaml_key_or_type_is_rejected_naming_the_key(tmp_path, text, key):
     path = tmp_path / "bad.yaml"
