@@ -62,8 +62,8 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 
 def is_complete_jpeg(data: bytes) -> bool:
     """Whether encoded bytes start like a complete JPEG file: the SOI marker and the next marker's FF at the
-    start, the EOI marker (FF D9) in the last 4 KiB. nvJPEG decodes a truncated file without an error (the
-    missing rows come out grey: seen on an H100) where PIL refuses it, so a file without its end goes to PIL."""
+    start, the EOI marker (FF D9) in the last 4 KiB. On an H100, nvJPEG decoded a truncated file without an
+    error where PIL refuses it (tests/test_gpu.py caught it), so a file without its end goes to PIL."""
     head, tail = bytes(data[:3]), bytes(data[-4096:])
     return head == JPEG_MAGIC and b"\xff\xd9" in tail
 
