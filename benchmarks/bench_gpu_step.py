@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import platform
 import statistics
 import sys
@@ -42,7 +41,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import bench_gpu  # noqa: E402
 
 from ncdlr.data.device_views import DeviceTrainViews  # noqa: E402
-from ncdlr.data.transforms import TrainViews, decode_rgb  # noqa: E402
+from ncdlr.data.transforms import TrainViews, decode_rgb, detail_side  # noqa: E402
 
 VIT = bench_gpu.FULL
 LITE = replace(bench_gpu.FULL, encoder="efficientnet_lite0", image=160, known=22, novel=21, batch=64, batch_full=64)
@@ -73,7 +72,7 @@ def input_designs(device: torch.device, batch: int, size: int, smoke: bool) -> d
     host = TrainViews(size=size, dtype="uint8", threads=1)
     column = np.array(data, dtype=object)
     host_s = statistics.median(bench_gpu.timed(lambda: host({"image": column}), torch.device("cpu"), 1, 3))
-    keep = int(math.ceil(size / math.sqrt(host.crop_scale[0])))
+    keep = detail_side(size, host.crop_scale)
     decode_s = statistics.median(bench_gpu.timed(lambda: [decode_rgb(d, min_side=keep) for d in data],
                                                  torch.device("cpu"), 1, 3))
     views = DeviceTrainViews(size=size)

@@ -50,7 +50,8 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
-from ncdlr.data.transforms import _scale_and_shift, _scale_and_shift_on, decode_rgb, random_resized_crop_box
+from ncdlr.data.transforms import (_scale_and_shift, _scale_and_shift_on, check_crop_scale, decode_rgb,
+                                   random_resized_crop_box)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -151,8 +152,7 @@ class DeviceTrainViews:
 
     def __post_init__(self) -> None:
         _scale_and_shift(self.scaling)
-        if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
-            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
+        check_crop_scale(self.crop_scale)
 
     def boxes(self, sizes: Sequence[tuple[int, int] | None]) -> tuple[np.ndarray, np.ndarray]:
         """Crop boxes ``[N, 2, 4]`` (float, pixels) and flips ``[N, 2]`` (bool) for images of ``sizes`` (h, w)

@@ -72,6 +72,7 @@ from ncdlr.data.transforms import (
     EvalView,
     TrainViews,
     decode_pool,
+    detail_side,
     normalise_views,
     split_valid,
 )
@@ -482,7 +483,7 @@ def with_train_views(dataset: Any, cfg: PipelineConfig) -> Any:
     if cfg.decode_on == "device":
         return _decode(dataset, lambda threads: EncodedRows(), cfg, passes)
     if cfg.decode_on == "hybrid":
-        keep = int(math.ceil(cfg.image_size / math.sqrt(cfg.crop_scale[0])))  # the smallest crop keeps full detail
+        keep = detail_side(cfg.image_size, tuple(cfg.crop_scale))
         return _decode(dataset, lambda threads: DecodedImages(min_side=keep), cfg, passes)
     return _decode(dataset, lambda threads: cfg.train_views(cfg.transfer_dtype, threads), cfg, passes)
 

@@ -164,6 +164,18 @@ def normalise_views(batch: Batch) -> Batch:
     return out
 
 
+def check_crop_scale(crop_scale: tuple[float, float]) -> None:
+    """``ValueError`` unless ``0 < lo <= hi <= 1`` (RandomResizedCrop's area fractions)."""
+    if not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+        raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {crop_scale}")
+
+
+def detail_side(size: int, crop_scale: tuple[float, float]) -> int:
+    """The shortest image side (px) that keeps full detail for the smallest crop (area ``crop_scale[0]``) resized to
+    ``size``: how far a decoder may shrink an image first (``decode_rgb(min_side=...)``)."""
+    return int(math.ceil(size / math.sqrt(crop_scale[0])))
+
+
 def random_resized_crop_box(width: int, height: int, scale: tuple[float, float], rng: np.random.Generator,
                             ratio: tuple[float, float] = CROP_RATIO) -> tuple[int, int, int, int]:
     """The box (left, top, right, bottom) of torchvision's ``RandomResizedCrop`` parameter draw: area
@@ -232,8 +244,7 @@ class TrainViews:
         _check_dtype(self.dtype)
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
-            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
+        check_crop_scale(self.crop_scale)
 
     @property
     def pixel_bytes_per_row(self) -> int:
@@ -251,7 +262,7 @@ class TrainViews:
         rngs = np.random.default_rng(self.seed).spawn(n)  # one stream per image: same views with or without threads
         pixels = np.zeros((2, n, self.size, self.size, 3), np.uint8)
         valid = np.zeros(n, dtype=bool)
-        min_side = int(math.ceil(self.size / math.sqrt(self.crop_scale[0])))  # smallest crop keeps full detail
+        min_side = detail_side(self.size, self.crop_scale)
 
         def one(i: int) -> None:
             image = decode_rgb(images[i], min_side=min_side)
@@ -344,7 +355,7 @@ class CachedViews:
         n = len(images)
         pixels = np.zeros((n, self.views, self.size, self.size, 3), np.uint8)
         valid = np.zeros(n, dtype=bool)
-        min_side = int(math.ceil(self.size / math.sqrt(self.crop_scale[0])))
+        min_side = detail_side(self.size, self.crop_scale)
 
         def one(i: int) -> None:
             image = decode_rgb(images[i], min_side=min_side)
