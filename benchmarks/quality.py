@@ -17,6 +17,9 @@ Datasets
                (``ncdlr embed --encoder efficientnet_lite0 --image-size 160 --trainable-blocks 1 --views 8``):
                efficientnet_lite0's last block + a linear head trained on two different cached random crops
                of each image per step; configs/openclipart.yaml's settings (batch 64, lr 1e-3, γ 10, buffer 512).
+  openclipart-cached-p1  the same, on a second class partition of the same images (``ncdlr prepare openclipart
+               --seed 1``: other classes are novel, other test images): a check that a choice made on the first
+               partition is not a choice made for it.
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -47,7 +50,7 @@ import torch
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service.config import Config
 from ncdlr.service.local import evaluate, known_imbalance, train
-from ncdlr.service.rehearsal import select_gamma
+from ncdlr.service.rehearsal import UNIFORM, apply_gamma, select_gamma
 
 VARIANTS: dict[str, dict[str, dict]] = {
     "uno": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"}, "labeler": {"prior": "uniform", "use_buffer": False}},
@@ -57,6 +60,8 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-bounded": {"labeler": {"prior": "bounded"}},
     "ncdlr-anchored": {"labeler": {"prior": "anchored"}},
     "ncdlr-valgamma": {"labeler": {"prior": "bounded"}, "select": {"gamma": True}},
+    # the dataset's γ or the uniform prior, chosen once per dataset by the known-class rehearsal (``--select``)
+    "ncdlr-val": {"select": {"dataset": True}},
     "ncdlr-uniform": {"labeler": {"prior": "uniform"}},
     "ladder-buffer": {"model": {"prototypes": "learnable"}, "method": {"loss": "ce"}, "labeler": {"prior": "uniform"}},
     "ncdlr-nobuffer": {"labeler": {"use_buffer": False}},
@@ -64,12 +69,19 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-ce": {"method": {"loss": "ce"}},
     "ncdlr-true": {"labeler": {"prior": "fixed"}},
     "ncdlr-free": {"labeler": {"prior": "free"}},
+    # τ held fixed (the labeler's lr 0): w(τ) with τ = 1 + e^init_t, no feedback between the prior and the model
+    "ncdlr-tau2": {"labeler": {"lr": 0.0, "init_t": 0.0}},
+    "ncdlr-tau4": {"labeler": {"lr": 0.0, "init_t": math.log(3.0)}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
-              "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt")}
+              "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
+              "ncdlr-val": ("none", "la", "crt")}
 LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdlr-uniform"), ("+ASL (ncdlr)", "ncdlr"),
           ("+ASL bounded (ours)", "ncdlr-bounded"), ("+ASL anchored (ours)", "ncdlr-anchored"),
-          ("+ASL bounded, γ by known-class rehearsal (ours)", "ncdlr-valgamma"))
+          ("+ASL bounded, γ by known-class rehearsal (ours)", "ncdlr-valgamma"),
+          ("+ASL, γ or uniform by the dataset's known-class rehearsal", "ncdlr-val"))
+#: activation-cache datasets and their default cache folders
+CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8"}
 COLUMNS = ("all", "known", "novel", "novel_head", "novel_medium", "novel_tail")
 
 
@@ -99,7 +111,7 @@ def openclipart_splits(path: str) -> FeatureSplits:
 def dataset_config(name: str, epochs: int | None) -> Config:
     """The shared budget of a dataset (every variant starts from it)."""
     cfg = Config()
-    if name == "openclipart-cached":  # configs/openclipart.yaml, on the activation cache
+    if name.startswith("openclipart-cached"):  # configs/openclipart.yaml, on the activation cache
         cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512
         cfg.model.head, cfg.model.trainable_blocks = "linear", 1
         cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 10, 1e-3, 1e-4, 1
@@ -160,12 +172,17 @@ def clustering_trace(splits: FeatureSplits, trace: list[dict]):
 
 
 def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None,
-             trace: bool = False) -> dict:
+             trace: bool = False, chosen: dict | None = None) -> dict:
     cfg = variant_config(dataset, variant, seed, splits, epochs)
     cpu = time.process_time()
     selection = {}
     if VARIANTS[variant].get("select", {}).get("gamma"):
         cfg.labeler.gamma, selection = select_gamma(cfg, splits)
+    if VARIANTS[variant].get("select", {}).get("dataset"):
+        if chosen is None:
+            raise SystemExit(f"{variant} needs the dataset's rehearsal: run with --select first")
+        apply_gamma(cfg, chosen["gamma"])
+        selection = chosen["scores"]
     epochs_trace: list[dict] = []
     trained = train(cfg, splits, on_epoch=clustering_trace(splits, epochs_trace) if trace else None)
     start = time.perf_counter()
@@ -179,6 +196,27 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "train_s": trained.seconds, "cpu_s": time.process_time() - cpu, "eval_s": time.perf_counter() - start, "epochs": cfg.optim.epochs,
             "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance,
             "trace": epochs_trace}
+
+
+#: the dataset-level rehearsal of ``--select``: candidates (γ/Ku; UNIFORM = the uniform prior), validation draws and
+#: the share of known classes made pseudo-novel (half: Ks = 22 gives 11 pseudo-novel classes, not 4)
+SELECT_CANDIDATES, SELECT_DRAWS, SELECT_FRACTION = (UNIFORM, 0.15, 0.5, 1.5), 3, 0.5
+
+
+def selection_path(root: Path, dataset: str, epochs: int | None) -> Path:
+    return root / f"select-{dataset}{f'-e{epochs}' if epochs else ''}.json"
+
+
+def run_selection(dataset: str, splits: FeatureSplits, epochs: int | None) -> dict:
+    """The known-class rehearsal of ``dataset`` (adaptive prior, the dataset's config, seed 0): which of
+    :data:`SELECT_CANDIDATES` scores best on the pseudo-novel classes, averaged over :data:`SELECT_DRAWS` draws."""
+    cfg = dataset_config(dataset, epochs)
+    start, per_draw = time.perf_counter(), {}
+    gamma, scores = select_gamma(cfg, splits, SELECT_CANDIDATES, draws=SELECT_DRAWS,
+                                 pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw)
+    return {"dataset": dataset, "gamma": gamma, "uniform": math.isinf(gamma), "num_novel": splits.num_novel,
+            "scores": {str(k): v for k, v in scores.items()}, "per_draw": {str(k): v for k, v in per_draw.items()},
+            "draws": SELECT_DRAWS, "pseudo_novel_fraction": SELECT_FRACTION, "seconds": time.perf_counter() - start}
 
 
 def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None, trace: bool = False) -> Path:
@@ -244,14 +282,16 @@ def write_between_markers(path: Path, table: str, block: str = "") -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=["synthetic", "openclipart"],
-                        choices=["synthetic", "openclipart", "openclipart-cached"])
+                        choices=["synthetic", "openclipart", *CACHED])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (≥ 3 for mean ± std; docs/results.md uses 5)")
     parser.add_argument("--epochs", type=int, default=None, help="override every dataset's epochs (smoke runs)")
     parser.add_argument("--features", default="/work/cache/openclipart-lt-lite0-160.parquet",
                         help="OpenClipart-LT feature table from `ncdlr embed --encoder efficientnet_lite0 --image-size 160`")
-    parser.add_argument("--activations", default="/work/cache/oc-lite0-160-b1-v8",
+    parser.add_argument("--activations", default=CACHED["openclipart-cached"],
                         help="OpenClipart-LT activation cache (`ncdlr embed ... --trainable-blocks 1 --views 8`)")
+    parser.add_argument("--activations-p1", default=CACHED["openclipart-cached-p1"],
+                        help="the same for the second class partition (`ncdlr prepare openclipart --seed 1`)")
     parser.add_argument("--only-seeds", type=int, nargs="+", default=None,
                         help="run only these of the seeds (split a grid over processes; tables use every cached seed)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="per-cell JSON cache")
@@ -259,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-only", action="store_true", help="only render the cached cells")
     parser.add_argument("--block", default="", help="which generated block of --out to replace (e.g. 'cached'; "
                                                     "default: the first, synthetic + openclipart)")
+    parser.add_argument("--select", action="store_true",
+                        help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     args = parser.parse_args(argv)
@@ -270,10 +312,20 @@ def main(argv: list[str] | None = None) -> int:
         fixed = None
         if not args.render_only and dataset == "openclipart":
             fixed = openclipart_splits(args.features)
-        elif not args.render_only and dataset == "openclipart-cached":
+        elif not args.render_only and dataset in CACHED:
             from ncdlr.data.features import read_feature_table
 
-            fixed = read_feature_table(args.activations)
+            fixed = read_feature_table(args.activations_p1 if dataset.endswith("-p1") else args.activations)
+        chosen = None
+        if selection_path(args.results, dataset, args.epochs).is_file():
+            chosen = json.loads(selection_path(args.results, dataset, args.epochs).read_text())
+        elif args.select and not args.render_only:
+            chosen = run_selection(dataset, fixed if fixed is not None else synthetic_splits(0), args.epochs)
+            selection_path(args.results, dataset, args.epochs).write_text(json.dumps(chosen))
+        if chosen is not None:
+            choice = "uniform prior" if chosen["uniform"] else f"γ = {chosen['gamma']:.3g}"
+            print(f"[{dataset}] rehearsal: {choice} (γ/Ku → score: {chosen['scores']}; {chosen['seconds']:.0f} s)",
+                  flush=True)
         for seed in range(args.seeds):
             skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)
             splits = fixed if dataset.startswith("openclipart") else (None if skip else synthetic_splits(seed))
@@ -284,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if args.render_only or (args.only_seeds is not None and seed not in args.only_seeds):
                     continue
-                cell = run_cell(dataset, variant, seed, splits, args.epochs, trace=args.trace)
+                cell = run_cell(dataset, variant, seed, splits, args.epochs, trace=args.trace, chosen=chosen)
                 path.write_text(json.dumps(cell))
                 cells.append(cell)
                 r = cell["results"]["none"]

@@ -15,6 +15,7 @@ the known rows per candidate.
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 
@@ -25,14 +26,31 @@ from .local import TrainedRun, embed, train
 from .validation import SCORING_SPLIT, ValidationConfig, validation_scores, validation_splits
 
 
+#: the candidate "uniform prior" (labeler.prior = uniform, UNO's balanced marginal: the γ → ∞ limit), in γ/Ku units
+UNIFORM = math.inf
+
+
 def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
-    """A copy of ``cfg`` for one candidate: ``labeler.gamma = gamma``, ``data.batch_size`` and
-    ``labeler.buffer_size`` times ``scale`` (n'/n; at least one row, the buffer at least one batch)."""
+    """A copy of ``cfg`` for one candidate: ``labeler.gamma = gamma`` (:data:`UNIFORM`: ``labeler.prior = uniform``),
+    ``data.batch_size`` and ``labeler.buffer_size`` times ``scale`` (n'/n; at least one row, the buffer at least one
+    batch)."""
     trial = copy.deepcopy(cfg)
-    trial.labeler.gamma = gamma
+    if math.isinf(gamma):
+        trial.labeler.prior = "uniform"
+    else:
+        trial.labeler.gamma = gamma
     trial.data.batch_size = max(1, round(cfg.data.batch_size * scale))
     trial.labeler.buffer_size = max(trial.data.batch_size, round(cfg.labeler.buffer_size * scale))
     return trial
+
+
+def apply_gamma(cfg: Config, gamma: float) -> Config:
+    """``cfg`` with the rehearsal's choice set in place: ``labeler.gamma`` or, for :data:`UNIFORM`, the uniform prior."""
+    if math.isinf(gamma):
+        cfg.labeler.prior = "uniform"
+    else:
+        cfg.labeler.gamma = gamma
+    return cfg
 
 
 def rehearsal_score(run: TrainedRun, validation: FeatureSplits) -> float:
@@ -42,25 +60,38 @@ def rehearsal_score(run: TrainedRun, validation: FeatureSplits) -> float:
                              validation.num_known, validation.train_counts())["score"]
 
 
-def select_gamma(cfg: Config, splits: FeatureSplits,
-                 gamma_per_cluster: tuple[float, ...] = (0.05, 0.15, 0.5, 1.5)) -> tuple[float, dict[float, float]]:
+def select_gamma(cfg: Config, splits: FeatureSplits, gamma_per_cluster: tuple[float, ...] = (0.05, 0.15, 0.5, 1.5),
+                 draws: int = 1, pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
+                 per_draw: dict[float, list[float]] | None = None) -> tuple[float, dict[float, float]]:
     """Best ``γ`` for ``cfg`` on ``splits`` by the known-class rehearsal.
 
     Args:
-        cfg: the run's config (its ``labeler.gamma`` is ignored; ``run.seed`` seeds the validation split).
+        cfg: the run's config (its ``labeler.gamma`` is ignored; ``run.seed`` seeds the first validation split).
         splits: the real feature splits: the ``known`` rows, ``num_novel`` (Ku) and the number of ``novel``
             training rows (their labels are never read).
-        gamma_per_cluster: candidates for ``γ / Ku``.
+        gamma_per_cluster: candidates for ``γ / Ku``; :data:`UNIFORM` is the uniform prior.
+        draws: validation problems to average over (seeds ``run.seed``, ``run.seed + 1``, …: other pseudo-novel
+            classes, other held-out images). One draw of a small Ks scores a handful of classes, so one image
+            moves its score by several points.
+        pseudo_novel_fraction: share of the known classes made pseudo-novel (:class:`ValidationConfig`).
+        per_draw: filled with ``{γ/Ku: [score of each draw]}`` when given.
 
     Returns:
-        ``(γ for the real Ku, {γ/Ku: pseudo-novel class-mean accuracy on val})``; ties go to the candidate
-        nearest ``γ/Ku = 0.5``.
+        ``(γ for the real Ku, {γ/Ku: mean pseudo-novel class-mean accuracy on val})``; ties go to the candidate
+        nearest ``γ/Ku = 0.5``. The γ is :data:`UNIFORM` when the uniform prior wins (:func:`apply_gamma`).
     """
-    validation, info = validation_splits(splits, ValidationConfig(seed=cfg.run.seed))
-    scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
-    scores = {}
-    for ratio in gamma_per_cluster:
-        trial = rehearsal_config(cfg, ratio * info.num_novel, scale)
-        scores[ratio] = rehearsal_score(train(trial, validation), validation)
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
+    by_draw: dict[float, list[float]] = {ratio: [] for ratio in gamma_per_cluster}
+    for draw in range(draws):
+        validation, info = validation_splits(
+            splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
+        scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
+        for ratio in gamma_per_cluster:
+            trial = rehearsal_config(cfg, ratio * info.num_novel, scale)
+            by_draw[ratio].append(rehearsal_score(train(trial, validation), validation))
+    if per_draw is not None:
+        per_draw.update(by_draw)
+    scores = {ratio: float(np.mean(values)) for ratio, values in by_draw.items()}
     best = max(scores, key=lambda r: (scores[r], -abs(np.log(r / 0.5))))
     return best * splits.num_novel, scores

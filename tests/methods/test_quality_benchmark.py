@@ -46,3 +46,30 @@ def test_quality_rewrites_only_the_generated_block(tmp_path):
     text = doc.read_text()
     assert "old table" not in text and "new table" in text
     assert text.startswith("# Title\n\nanalysis above") and text.rstrip().endswith("analysis below")
+
+
+def test_select_runs_the_datasets_rehearsal_once_and_the_val_variant_trains_with_its_choice(tmp_path):
+    quality = load_quality()
+    threads = torch.get_num_threads()
+    cells = tmp_path / "cells"
+    try:
+        try:  # without a rehearsal on record the variant refuses, naming the flag
+            quality.main(["--datasets", "synthetic", "--seeds", "1", "--variants", "ncdlr-val", "--epochs", "1",
+                          "--results", str(cells)])
+            raise AssertionError("ncdlr-val ran without a rehearsal")
+        except SystemExit as refused:
+            assert "--select" in str(refused)
+        code = quality.main(["--datasets", "synthetic", "--seeds", "1", "--variants", "ncdlr-val", "--epochs", "1",
+                             "--select", "--results", str(cells)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    chosen = json.loads((cells / "select-synthetic-e1.json").read_text())
+    assert set(chosen["scores"]) == {"inf", "0.15", "0.5", "1.5"}
+    assert all(len(v) == quality.SELECT_DRAWS for v in chosen["per_draw"].values())
+    cell = json.loads((cells / "synthetic-ncdlr-val-s0-e1.json").read_text())
+    assert cell["gamma_selection"] == chosen["scores"]
+    if chosen["uniform"]:
+        assert cell["tau_final"] is None
+    else:
+        assert cell["gamma"] == chosen["gamma"]

@@ -77,3 +77,46 @@ def test_the_winner_is_the_best_scored_candidate_and_ties_go_to_half_a_cluster(m
     by_gamma.update({0.05 * info.num_novel: 0.2, 0.5 * info.num_novel: 0.6, 1.5 * info.num_novel: 0.6})
     gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(0.05, 0.5, 1.5))
     assert scores == {0.05: 0.2, 0.5: 0.6, 1.5: 0.6} and gamma == pytest.approx(0.5 * KU)
+
+
+def test_the_uniform_candidate_trains_with_the_uniform_prior_and_wins_as_uniform(monkeypatch):
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    priors = []
+
+    def fake_train(trial_cfg, _):
+        priors.append((trial_cfg.labeler.prior, trial_cfg.labeler.gamma))
+        return trial_cfg.labeler.prior
+
+    monkeypatch.setattr(rehearsal, "train", fake_train)
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda prior, _: 0.9 if prior == "uniform" else 0.3)
+    gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(rehearsal.UNIFORM, 0.5))
+    assert priors[0] == ("uniform", cfg.labeler.gamma) and priors[1][0] == "adaptive"
+    assert gamma == rehearsal.UNIFORM and scores == {rehearsal.UNIFORM: 0.9, 0.5: 0.3}
+    chosen = rehearsal.apply_gamma(tiny_config(), gamma)
+    assert chosen.labeler.prior == "uniform"
+    assert rehearsal.apply_gamma(tiny_config(), 2.5).labeler.gamma == 2.5
+
+
+def test_draws_average_scores_over_other_pseudo_novel_classes_and_held_out_images(monkeypatch):
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    problems = []
+
+    def fake_train(trial_cfg, trained_on):
+        problems.append(trained_on)
+        return len(problems)
+
+    monkeypatch.setattr(rehearsal, "train", fake_train)
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda n, _: float(n))  # 1, 2, 3, 4 in call order
+    per_draw = {}
+    gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(0.5, 1.5), draws=2,
+                                           pseudo_novel_fraction=0.5, per_draw=per_draw)
+    assert per_draw == {0.5: [1.0, 3.0], 1.5: [2.0, 4.0]} and scores == {0.5: 2.0, 1.5: 3.0}
+    first, second = problems[0], problems[2]
+    for seed, problem in ((0, first), (1, second)):
+        expected, _ = validation_splits(splits, ValidationConfig(seed=cfg.run.seed + seed, pseudo_novel_fraction=0.5))
+        assert torch.equal(problem.labels[SCORING_SPLIT], expected.labels[SCORING_SPLIT])
+        assert problem.num_novel == expected.num_novel == 3  # half of Ks = 6
+    assert not torch.equal(first.features["novel"], second.features["novel"]) or \
+        not torch.equal(first.labels[SCORING_SPLIT], second.labels[SCORING_SPLIT])
+    with pytest.raises(ValueError, match="draws"):
+        rehearsal.select_gamma(cfg, splits, draws=0)
