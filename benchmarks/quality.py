@@ -31,7 +31,10 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
 Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
       [--features /work/cache/openclipart-lt-lite0-160.parquet] [--activations /work/cache/oc-lite0-160-b1-v8] \\
-      [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md]
+      [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
+      [--workers 2] [--select]
+``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
+dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice).
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
 processes and resumed; the tables are rendered from every cached result of the requested grid.
 """
@@ -279,6 +282,34 @@ def write_between_markers(path: Path, table: str, block: str = "") -> None:
     path.write_text(f"{head}{BEGIN}\n{table}{END}{rest.split(END, 1)[1]}")
 
 
+def run_workers(args: argparse.Namespace) -> int:
+    """``--workers N``: each dataset's rehearsal first (here, once), then N children of this script, each running
+    every N-th pending cell of the grid with one thread. Returns the first failing child's exit status, else 0."""
+    import subprocess
+    import sys
+
+    if args.select:
+        main([*child_arguments(args), "--select", "--seeds", "0"])  # the rehearsals only, cached for the children
+    children = [subprocess.Popen([sys.executable, __file__, *child_arguments(args), "--shard", f"{i}/{args.workers}"])
+                for i in range(args.workers)]
+    codes = [child.wait() for child in children]
+    return next((code for code in codes if code), 0)
+
+
+def child_arguments(args: argparse.Namespace) -> list[str]:
+    """The grid of ``args`` as command-line arguments (no --workers, --out or --select)."""
+    out = ["--datasets", *args.datasets, "--variants", *args.variants, "--seeds", str(args.seeds),
+           "--features", args.features, "--activations", args.activations, "--activations-p1", args.activations_p1,
+           "--results", str(args.results)]
+    if args.epochs:
+        out += ["--epochs", str(args.epochs)]
+    if args.only_seeds is not None:
+        out += ["--only-seeds", *map(str, args.only_seeds)]
+    if args.trace:
+        out.append("--trace")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=["synthetic", "openclipart"],
@@ -303,10 +334,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes that run the grid's cells side by side, one CPU thread each (the 2-core grid: 2)")
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # "I/N": a --workers child's share of the cells
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
     torch.set_num_threads(1)
     args.results.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    if args.workers > 1 and not args.render_only:
+        code = run_workers(args)
+        if code:
+            return code
+        args.render_only = True  # the children wrote every cell: render them
+    shard, shards = map(int, args.shard.split("/")) if args.shard else (0, 1)
+    pending = 0  # cells to run, counted in grid order: a child runs those with pending % shards == shard
+    cached = {p.name for p in args.results.glob("*.json")}  # at the start: the children all count the same cells
     cells = []
     for dataset in args.datasets:
         fixed = None
@@ -319,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = None
         if selection_path(args.results, dataset, args.epochs).is_file():
             chosen = json.loads(selection_path(args.results, dataset, args.epochs).read_text())
-        elif args.select and not args.render_only:
+        elif args.select and not args.render_only and args.shard is None:
             chosen = run_selection(dataset, fixed if fixed is not None else synthetic_splits(0), args.epochs)
             selection_path(args.results, dataset, args.epochs).write_text(json.dumps(chosen))
         if chosen is not None:
@@ -331,10 +375,13 @@ def main(argv: list[str] | None = None) -> int:
             splits = fixed if dataset.startswith("openclipart") else (None if skip else synthetic_splits(seed))
             for variant in args.variants:
                 path = cell_path(args.results, dataset, variant, seed, args.epochs, args.trace)
-                if path.is_file():
+                if path.name in cached or (args.render_only and path.is_file()):
                     cells.append(json.loads(path.read_text()))
                     continue
                 if args.render_only or (args.only_seeds is not None and seed not in args.only_seeds):
+                    continue
+                pending += 1
+                if (pending - 1) % shards != shard:
                     continue
                 cell = run_cell(dataset, variant, seed, splits, args.epochs, trace=args.trace, chosen=chosen)
                 path.write_text(json.dumps(cell))

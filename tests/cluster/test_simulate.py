@@ -119,8 +119,18 @@ def test_jobs_reach_every_node_failures_are_reported_and_stop_leaves_nothing():
 TINY = "--epochs 1 --num-workers 2 --cpus-per-worker 0.5 --use-gpu false"
 
 
+@pytest.fixture(scope="module")
+def two_nodes():
+    """One two-node cluster for the training jobs below (each job gets the whole cluster in turn; starting and
+    stopping a cluster per job cost ~20 s of the suite). Its stop is checked here: nothing is left running."""
+    cluster = SimulatedCluster([SMALL, SMALL])
+    with cluster:
+        yield cluster
+    assert cluster.leftover_processes() == []
+
+
 @pytest.mark.slow
-def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_bucket):
+def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_bucket, two_nodes):
     """The production path: `--data s3://…` on a two-node cluster through the Jobs API.
 
     The job gets the S3 endpoint and credentials the way a real cluster job gets its settings: through the
@@ -133,24 +143,21 @@ def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_
     synthetic.build(synthetic.SyntheticConfig(num_classes=4, seed=0), data, progress=False)
     entrypoint = (f"python -m ncdlr.train_inat2k --config {shlex.quote(str(REPO / 'configs' / 'demo.yaml'))} "
                   f"--data {data} --output {shlex.quote(str(output))} --storage-path {s3_bucket}/runs {TINY}")
-    with SimulatedCluster([SMALL, SMALL]) as cluster:
-        result = cluster.submit(entrypoint, env_vars=s3_server.env(), timeout_s=900)
+    result = two_nodes.submit(entrypoint, env_vars=s3_server.env(), timeout_s=900)
     assert result.status == "SUCCEEDED", result.logs[-5000:]
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
     assert "[ncdlr] 2 worker(s) on cpu" in result.logs  # one DDP group of 2 workers, in our own console line
     assert (output / "checkpoint.txt").read_text().strip().startswith(f"{s3_bucket}/runs/")
-    assert cluster.leftover_processes() == []
 
 
 @pytest.mark.slow
-def test_embedded_default_job_on_two_nodes_writes_metrics(tmp_path):
+def test_embedded_default_job_on_two_nodes_writes_metrics(tmp_path, two_nodes):
     """`python -m ncdlr.train_inat2k` with no --data, submitted as a job: it joins the job's cluster (no
     resource arguments to ray.init) and hands its embedded S3 server's settings to every task and worker
     through the job's runtime_env. Both nodes share this machine, so the server on 127.0.0.1 is reachable."""
     output = tmp_path / "run"
-    with SimulatedCluster([SMALL, SMALL]) as cluster:
-        result = cluster.submit(training_entrypoint(output, f"--classes 4 {TINY}"), timeout_s=900)
+    result = two_nodes.submit(training_entrypoint(output, f"--classes 4 {TINY}"), timeout_s=900)
     assert result.status == "SUCCEEDED", result.logs[-5000:]
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
@@ -161,4 +168,3 @@ def test_embedded_default_job_on_two_nodes_writes_metrics(tmp_path):
     assert predicted.column("pred").to_pylist() == evaluated.column("y_pred").to_pylist()
     assert (output / "gallery" / "index.html").is_file() and any((output / "gallery" / "thumbs").iterdir())
     assert result.logs.count("[ncdlr] epoch 1/1 done") == 1  # progress once, not twice (Ray Train's print patch)
-    assert cluster.leftover_processes() == []

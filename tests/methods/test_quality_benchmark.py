@@ -73,3 +73,20 @@ def test_select_runs_the_datasets_rehearsal_once_and_the_val_variant_trains_with
         assert cell["tau_final"] is None
     else:
         assert cell["gamma"] == chosen["gamma"]
+
+
+def test_workers_split_the_grid_over_processes_and_render_every_cell(tmp_path):
+    quality = load_quality()
+    threads = torch.get_num_threads()
+    cells = tmp_path / "cells"
+    try:
+        code = quality.main(["--datasets", "synthetic", "--seeds", "2", "--variants", "uno", "ncdlr-val", "--epochs", "1",
+                             "--select", "--workers", "2", "--results", str(cells), "--out", str(tmp_path / "r.md")])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    names = sorted(c.name for c in cells.glob("synthetic-*.json"))
+    assert names == [f"synthetic-{v}-s{s}-e1.json" for v in ("ncdlr-val", "uno") for s in (0, 1)]
+    assert (cells / "select-synthetic-e1.json").is_file()
+    text = (tmp_path / "r.md").read_text()
+    assert "| uno |" in text and "| ncdlr-val |" in text and "seeds [0, 1]" in text
