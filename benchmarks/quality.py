@@ -53,7 +53,7 @@ import torch
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service.config import Config
 from ncdlr.service.local import evaluate, known_imbalance, train
-from ncdlr.service.rehearsal import UNIFORM, apply_gamma, select_gamma
+from ncdlr.service.rehearsal import UNIFORM, apply_gamma, choose_candidate, select_gamma
 
 VARIANTS: dict[str, dict[str, dict]] = {
     "uno": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"}, "labeler": {"prior": "uniform", "use_buffer": False}},
@@ -222,6 +222,16 @@ def run_selection(dataset: str, splits: FeatureSplits, epochs: int | None) -> di
             "draws": SELECT_DRAWS, "pseudo_novel_fraction": SELECT_FRACTION, "seconds": time.perf_counter() - start}
 
 
+def read_selection(path: Path) -> dict:
+    """A cached rehearsal, its choice derived again from the measured per-draw scores (so a change of the decision
+    rule, :func:`ncdlr.service.rehearsal.choose_candidate`, needs no retraining)."""
+    chosen = json.loads(path.read_text())
+    per_draw = {float(k): v for k, v in chosen["per_draw"].items()}
+    ratio = choose_candidate(per_draw)
+    chosen.update(gamma=ratio * chosen["num_novel"], uniform=math.isinf(ratio))
+    return chosen
+
+
 def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None, trace: bool = False) -> Path:
     return root / f"{dataset}-{variant}-s{seed}{f'-e{epochs}' if epochs else ''}{'-trace' if trace else ''}.json"
 
@@ -362,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             fixed = read_feature_table(args.activations_p1 if dataset.endswith("-p1") else args.activations)
         chosen = None
         if selection_path(args.results, dataset, args.epochs).is_file():
-            chosen = json.loads(selection_path(args.results, dataset, args.epochs).read_text())
+            chosen = read_selection(selection_path(args.results, dataset, args.epochs))
         elif args.select and not args.render_only and args.shard is None:
             chosen = run_selection(dataset, fixed if fixed is not None else synthetic_splits(0), args.epochs)
             selection_path(args.results, dataset, args.epochs).write_text(json.dumps(chosen))

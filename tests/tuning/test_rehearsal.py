@@ -120,3 +120,15 @@ def test_draws_average_scores_over_other_pseudo_novel_classes_and_held_out_image
         not torch.equal(first.labels[SCORING_SPLIT], second.labels[SCORING_SPLIT])
     with pytest.raises(ValueError, match="draws"):
         rehearsal.select_gamma(cfg, splits, draws=0)
+
+
+def test_with_several_draws_the_default_stays_unless_a_candidate_beats_it_draw_by_draw():
+    # OpenClipart-LT's rehearsal (3 draws): 0.15 has the best mean, but not on every draw: noise, keep 0.5
+    measured = {rehearsal.UNIFORM: [0.316, 0.453, 0.366], 0.15: [0.389, 0.396, 0.394], 0.5: [0.303, 0.413, 0.399],
+                1.5: [0.339, 0.499, 0.272]}
+    assert rehearsal.choose_candidate(measured) == 0.5
+    assert rehearsal.choose_candidate(measured, default=None) == 0.15  # a plain argmax would take it
+    clear = {0.5: [0.30, 0.40, 0.35], 1.5: [0.40, 0.51, 0.44], rehearsal.UNIFORM: [0.35, 0.46, 0.40]}
+    assert rehearsal.choose_candidate(clear) == 1.5  # +0.10 on every draw; the uniform's +0.05 clears too, less
+    assert rehearsal.choose_candidate(clear, margin_se=100.0) == 0.5
+    assert rehearsal.choose_candidate({0.5: [0.3], 1.5: [0.4]}) == 1.5  # one draw: the best score
