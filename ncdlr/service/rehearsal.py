@@ -9,7 +9,11 @@ grows as Ku shrinks, trap a), the candidates are compared at equal ``γ / Ku`` a
 the real ``Ku``. The validation problem has fewer unlabeled rows than the real one (n' pseudo-novel against n
 novel training rows), so each candidate trains with the batch and the buffer scaled by n'/n: an epoch has as
 many steps as a real one and the buffer holds the same share of an epoch. Cost: one training on about 80 % of
-the known rows per candidate.
+the known rows per candidate and draw.
+
+The uniform prior (:data:`UNIFORM`) can be a candidate, so the rehearsal may also answer "learn the prior or
+not". Several draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
+(:func:`choose_candidate`) keeps the default γ/Ku unless a candidate beats it on the draws by two standard errors.
 """
 
 from __future__ import annotations
@@ -36,11 +40,7 @@ def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
     """A copy of ``cfg`` for one candidate: ``labeler.gamma = gamma`` (:data:`UNIFORM`: ``labeler.prior = uniform``),
     ``data.batch_size`` and ``labeler.buffer_size`` times ``scale`` (n'/n; at least one row, the buffer at least one
     batch)."""
-    trial = copy.deepcopy(cfg)
-    if math.isinf(gamma):
-        trial.labeler.prior = "uniform"
-    else:
-        trial.labeler.gamma = gamma
+    trial = apply_gamma(copy.deepcopy(cfg), gamma)
     trial.data.batch_size = max(1, round(cfg.data.batch_size * scale))
     trial.labeler.buffer_size = max(trial.data.batch_size, round(cfg.labeler.buffer_size * scale))
     return trial
