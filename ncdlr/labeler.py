@@ -83,7 +83,7 @@ class AdaptiveSelfLabeler(nn.Module):
         """The labeler of a run's ``labeler`` config section for ``K = num_clusters`` (``fixed_prior`` ``[K]``: the
         true sizes, for ``prior="fixed"`` only; ``max_imbalance = 0`` means none)."""
         return cls(num_clusters, prior=cfg.prior, eps=cfg.eps, n_iters=cfg.n_iters, outer_steps=cfg.outer_steps,
-                   gamma=cfg.gamma, lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
+                   gamma=cfg.gamma_for(num_clusters), lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
                    max_imbalance=cfg.max_imbalance or None)
 
     # -- state -------------------------------------------------------------------------------

@@ -9,7 +9,11 @@ the ``#:`` comments) does not import torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+#: the γ that stands for the uniform-prior limit (γ → ∞: ``labeler.prior = uniform``), where γ is searched or chosen
+GAMMA_UNIFORM = math.inf
 
 
 @dataclass
@@ -21,12 +25,25 @@ class LabelerConfig:
     n_iters: int = 3  #: T, Sinkhorn iterations per solve
     outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
     gamma: float = 500.0  #: γ, weight of KL(ν‖w)/Ku; tune per Ku (method.md §4 trap a)
+    gamma_per_cluster: float = 0.0  #: > 0: γ = gamma_per_cluster · Ku, from the run's Ku (γ/Ku is what transfers across datasets); 0: gamma as given; a later gamma resets it
     lr: float = 0.1  #: SGD learning rate of t
     momentum: float = 0.99  #: SGD momentum of t
     init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
     buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
     use_buffer: bool = True  #: off → solve on the current gathered batch only
     max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
+
+    def gamma_for(self, num_clusters: int) -> float:
+        """The γ a labeler of ``Ku = num_clusters`` uses: ``gamma_per_cluster · Ku`` when that is set, else ``gamma``."""
+        return self.gamma_per_cluster * num_clusters if self.gamma_per_cluster > 0 else self.gamma
+
+    def set_gamma(self, gamma: float) -> None:
+        """Use ``γ = gamma`` from now on (``gamma_per_cluster`` cleared); :data:`GAMMA_UNIFORM` sets the uniform prior
+        instead (γ is then unused). The one place a search or a rehearsal writes its choice of γ."""
+        if math.isinf(gamma):
+            self.prior = "uniform"
+        else:
+            self.gamma, self.gamma_per_cluster = float(gamma), 0.0
 
 
 @dataclass

@@ -67,7 +67,7 @@ from ncdlr.service.validation import (ValidationConfig, ValidationSplit, build_v
 
 PROG = "gamma_search"
 EMBEDDED_GAMMA_RANGE = (1.0, 1000.0)  #: Ku = 20 in the embedded default: the paper's 50..5000 would pin τ ≈ 1
-SEARCHED = ("labeler.gamma", "labeler.prior", "optim.alpha")  #: set by every trial and in best.yaml
+SEARCHED = ("labeler.gamma", "labeler.gamma_per_cluster", "labeler.prior", "optim.alpha")  #: set by every trial and in best.yaml
 TABLE, SETTINGS = "validation.parquet", "search_settings.json"  #: inside the experiment
 
 

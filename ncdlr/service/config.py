@@ -182,7 +182,8 @@ def _choices(key: str) -> tuple[str, ...] | None:
     return _CHOICES.get(key)
 
 
-_MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1}  #: numeric keys with a lower bound
+_MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
+                              "labeler.gamma_per_cluster": 0.0}  #: numeric keys with a lower bound
 
 
 def _check_choice(key: str, value: Any) -> None:
@@ -243,8 +244,13 @@ def _apply_method_requirements(cfg: Config, explicit: set[str]) -> None:
         setattr(getattr(cfg, section), name, needed)
 
 
+#: giving the first key resets the second: of two ways to say one thing, the one given last wins
+_RESETS: dict[str, tuple[str, Any]] = {"labeler.gamma": ("labeler.gamma_per_cluster", 0.0)}
+
+
 def resolve(settings: list[Setting]) -> Config:
-    """The Config of the built-in defaults, the method's requirements and ``settings`` (later ones win).
+    """The Config of the built-in defaults, the method's requirements and ``settings`` (later ones win; e.g.
+    ``--gamma 10`` over a config file's ``gamma_per_cluster``: :data:`_RESETS`).
 
     Every key and value is checked once here (:class:`ConfigError` names the key).
     """
@@ -254,6 +260,8 @@ def resolve(settings: list[Setting]) -> Config:
         try:
             key = resolve_key(setting.key)
             _set(cfg, key, setting.value, from_text=setting.from_text)
+            if key in _RESETS:
+                _set(cfg, *_RESETS[key], from_text=False)
         except ConfigError as err:
             raise ConfigError(f"{setting.source}: {err}" if setting.source else str(err)) from None
         explicit.add(key)

@@ -19,11 +19,11 @@ not". Several draws (other pseudo-novel classes, other held-out images) average 
 from __future__ import annotations
 
 import copy
-import math
 
 import numpy as np
 
 from ncdlr.data.features import FeatureSplits
+from ncdlr.method_settings import GAMMA_UNIFORM
 
 from .config import Config
 from .local import TrainedRun, embed, train
@@ -33,7 +33,7 @@ from .validation import SCORING_SPLIT, ValidationConfig, validation_scores, vali
 #: the γ/Ku a rehearsal keeps unless another candidate is measurably better (configs/openclipart.yaml: γ 10 at Ku 21)
 DEFAULT_GAMMA_PER_CLUSTER = 0.5
 #: the candidate "uniform prior" (labeler.prior = uniform, UNO's balanced marginal: the γ → ∞ limit), in γ/Ku units
-UNIFORM = math.inf
+UNIFORM = GAMMA_UNIFORM
 
 
 def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
@@ -47,11 +47,8 @@ def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
 
 
 def apply_gamma(cfg: Config, gamma: float) -> Config:
-    """``cfg`` with the rehearsal's choice set in place: ``labeler.gamma`` or, for :data:`UNIFORM`, the uniform prior."""
-    if math.isinf(gamma):
-        cfg.labeler.prior = "uniform"
-    else:
-        cfg.labeler.gamma = gamma
+    """``cfg`` with the rehearsal's choice set in place (:meth:`~ncdlr.method_settings.LabelerConfig.set_gamma`)."""
+    cfg.labeler.set_gamma(gamma)
     return cfg
 
 

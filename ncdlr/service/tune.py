@@ -45,13 +45,15 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.data.storage import is_s3, join
 
+from ncdlr.method_settings import GAMMA_UNIFORM
+
 from .config import Config, ConfigError, from_dict, save_config
 from .trainer import ray_storage
 from .validation import SCORING_SPLIT, validation_scores
 
 log = logging.getLogger(__name__)
 
-UNIFORM = math.inf  #: the γ that stands for the uniform-prior limit (labeler.prior = uniform)
+UNIFORM = GAMMA_UNIFORM  #: the γ that stands for the uniform-prior limit (labeler.prior = uniform)
 #: Set before Ray starts, so its processes inherit them: report polling without the 1.8 s wait, no progress
 #: bars, and a worker-group start timeout well above Ray's 60 s (past it the controller retries forever).
 RAY_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
@@ -101,10 +103,9 @@ def trial_gamma(gamma: float, val_num_novel: int, target_num_novel: int, transfe
 def apply_trial_params(base: Config, gamma: float, alpha: float) -> Config:
     """A copy of ``base`` with γ/α set: γ = ∞ → ``labeler.prior = uniform`` (γ left as in ``base``)."""
     cfg = copy.deepcopy(base)
-    if math.isinf(gamma):
-        cfg.labeler.prior = "uniform"
-    else:
-        cfg.labeler.prior, cfg.labeler.gamma = "adaptive", float(gamma)
+    if not math.isinf(gamma):
+        cfg.labeler.prior = "adaptive"
+    cfg.labeler.set_gamma(gamma)
     cfg.optim.alpha = float(alpha)
     return cfg
 

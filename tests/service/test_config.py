@@ -88,3 +88,21 @@ def test_shipped_configs_load(path):
 def test_every_dataset_has_a_config():
     assert {p.stem for p in CONFIGS} >= {"cifar100_lt", "imagenet100_lt", "herbarium19", "inat18_1k", "inat18_2k",
                                           "openclipart", "demo"}
+
+
+def test_gamma_per_cluster_scales_with_ku_and_a_later_gamma_wins(tmp_path):
+    from ncdlr.labeler import AdaptiveSelfLabeler
+
+    path = tmp_path / "c.yaml"
+    path.write_text("labeler:\n  gamma_per_cluster: 0.5\n")
+    cfg = load_config(path)
+    assert AdaptiveSelfLabeler.from_config(cfg.labeler, 21).gamma == pytest.approx(10.5)
+    assert AdaptiveSelfLabeler.from_config(cfg.labeler, 40).gamma == pytest.approx(20.0)  # same γ/Ku on another set
+    given = load_config(path, ["--gamma", "7"])  # the command line's γ over the file's γ/Ku, not silently under it
+    assert given.labeler.gamma_per_cluster == 0.0 and AdaptiveSelfLabeler.from_config(given.labeler, 21).gamma == 7.0
+    again = load_config(path, ["--gamma", "7", "--gamma-per-cluster", "1.5"])
+    assert again.labeler.gamma_for(10) == 15.0
+    assert load_yaml(save_config(cfg, tmp_path / "saved.yaml") or tmp_path / "saved.yaml").labeler.gamma_for(21) == \
+        pytest.approx(10.5)  # a saved run config reads back to the same γ
+    with pytest.raises(ConfigError, match="labeler.gamma_per_cluster"):
+        load_config(None, ["--gamma-per-cluster", "-1"])
