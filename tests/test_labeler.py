@@ -162,7 +162,9 @@ def test_from_config_takes_every_labeler_field_of_the_config():
     taken = {"prior": labeler.prior.kind == "anchored", "eps": labeler.eps == 0.02, "n_iters": labeler.n_iters == 5,
              "outer_steps": labeler.outer_steps == 7, "gamma": labeler.gamma == 3.0, "lr": optimiser["lr"] == 0.05,
              "momentum": optimiser["momentum"] == 0.9, "init_t": float(labeler.prior.t.detach()) == 0.5,
-             "max_imbalance": float(labeler.prior.anchor[0] / labeler.prior.anchor[-1]) == pytest.approx(12.0)}
+             "max_imbalance": float(labeler.prior.anchor[0] / labeler.prior.anchor[-1]) == pytest.approx(12.0),
+             "gamma_per_cluster": AdaptiveSelfLabeler.from_config(
+                 LabelerConfig(gamma=3.0, gamma_per_cluster=0.25), 20).gamma == 5.0}  # 0.25 · Ku, over gamma
     assert all(taken.values()), taken
     labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer"}  # the discovery step's
     assert set(taken) == labeler_fields
