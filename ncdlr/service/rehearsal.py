@@ -30,7 +30,7 @@ from .local import TrainedRun, embed, train
 from .validation import SCORING_SPLIT, ValidationConfig, validation_scores, validation_splits
 
 
-#: the γ/Ku a rehearsal keeps unless another candidate is measurably better (configs/openclipart.yaml: γ 10 at Ku 21)
+#: the γ/Ku a rehearsal keeps unless another candidate is measurably better (configs/openclipart.yaml: gamma_per_cluster 0.5)
 DEFAULT_GAMMA_PER_CLUSTER = 0.5
 #: the candidate "uniform prior" (labeler.prior = uniform, UNO's balanced marginal: the γ → ∞ limit), in γ/Ku units
 UNIFORM = GAMMA_UNIFORM
