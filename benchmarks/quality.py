@@ -298,7 +298,7 @@ def run_workers(args: argparse.Namespace) -> int:
     import subprocess
     import sys
 
-    if args.select:
+    if args.select and not all(selection_path(args.results, d, args.epochs).is_file() for d in args.datasets):
         main([*child_arguments(args), "--select", "--seeds", "0"])  # the rehearsals only, cached for the children
     children = [subprocess.Popen([sys.executable, __file__, *child_arguments(args), "--shard", f"{i}/{args.workers}"])
                 for i in range(args.workers)]

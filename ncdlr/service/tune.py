@@ -44,7 +44,6 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.data.storage import is_s3, join
-
 from ncdlr.method_settings import GAMMA_UNIFORM
 
 from .config import Config, ConfigError, from_dict, save_config
