@@ -73,6 +73,7 @@ class OptimConfig:
     min_lr: float = 1e-4
     weight_decay: float = 1.5e-4
     warmup_epochs: float = 3.0
+    known_warmup_epochs: float = 0.0  #: epochs at the start on the known classes alone (no self-labeling, no novel loss; the novel rows still pass through the encoder): the first pseudo-labels come from an encoder and head already shaped by the known classes, not from a random head (UNO's supervised stage, the paper's appendix E set-up). Counted in optim.epochs
     alpha: float = 1.0  #: α in L = L_s + α L_u
     amp: bool = True  #: bfloat16 autocast on GPU (ignored on CPU)
     compile: bool = False  #: torch.compile the training forward (inductor; the first steps compile: minutes on a big encoder). docs/benchmarks.md, "GPU step", has what it gives
@@ -183,7 +184,8 @@ def _choices(key: str) -> tuple[str, ...] | None:
 
 
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
-                              "labeler.gamma_per_cluster": 0.0}  #: numeric keys with a lower bound
+                              "labeler.gamma_per_cluster": 0.0,
+                              "optim.known_warmup_epochs": 0.0}  #: numeric keys with a lower bound
 
 
 def _check_choice(key: str, value: Any) -> None:
@@ -266,6 +268,9 @@ def resolve(settings: list[Setting]) -> Config:
             raise ConfigError(f"{setting.source}: {err}" if setting.source else str(err)) from None
         explicit.add(key)
     _apply_method_requirements(cfg, explicit)
+    if cfg.optim.known_warmup_epochs and cfg.optim.known_warmup_epochs >= cfg.optim.epochs:
+        raise ConfigError(f"optim.known_warmup_epochs={cfg.optim.known_warmup_epochs:g} leaves none of the "
+                          f"{cfg.optim.epochs} epochs (optim.epochs) for discovering the novel classes; lower it")
     return cfg
 
 

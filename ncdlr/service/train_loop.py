@@ -92,6 +92,12 @@ class WorkerState:
     epoch: int = 0  # epochs done
     tau_history: list[float] = field(default_factory=list)
     forward: torch.nn.Module | None = None  # DDP wrapper of ``model`` when distributed, else None (use model)
+    discovery_from: int = 0  # first global step with self-labeling and the novel loss (optim.known_warmup_epochs)
+
+    @property
+    def discovery_step(self) -> int:
+        """Steps of self-labeling done: the shared buffer's clock (negative during the known-class warm-up)."""
+        return self.step - self.discovery_from
 
     @property
     def labeler(self) -> AdaptiveSelfLabeler | None:
@@ -126,7 +132,8 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
     total = max(1, optim.epochs * steps_per_epoch)
     warm = max(1, int(round(optim.warmup_epochs * steps_per_epoch)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warm, optim.min_lr / optim.lr))
-    return WorkerState(model, method, optimizer, scheduler, device)
+    return WorkerState(model, method, optimizer, scheduler, device,
+                       discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)))
 
 
 def compile_forward(state: WorkerState, optim: OptimConfig) -> None:
@@ -163,11 +170,14 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         loss_s = method.known_loss(model, zk1[known_valid], zk2[known_valid], labels[known_valid])
     else:
         loss_s = z.sum() * 0.0
-    q, times = method.novel_targets(model, zn1, zn2, novel_valid, state.step)
-    if novel_valid.any():
-        loss_u = method.novel_loss(model, zn1, zn2, q, novel_valid)
+    if state.step < state.discovery_from:  # known-class warm-up: no pseudo-labels (the buffer and τ wait too)
+        loss_u, times = z.sum() * 0.0, {"exchange": 0.0, "ot": 0.0}
     else:
-        loss_u = z.sum() * 0.0
+        q, times = method.novel_targets(model, zn1, zn2, novel_valid, state.discovery_step)
+        if novel_valid.any():
+            loss_u = method.novel_loss(model, zn1, zn2, q, novel_valid)
+        else:
+            loss_u = z.sum() * 0.0
     loss = loss_s + optim.alpha * loss_u
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()

@@ -81,12 +81,13 @@ def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, r
 
     client = None
     if actor is not None and state.method.uses_buffer:
+        last = max(state.discovery_step, 0) - 1  # the buffer's clock counts self-labeling steps only
         if rank == 0:
-            ray.get(actor.restore.remote(state.step - 1, buffer_state))
+            ray.get(actor.restore.remote(last, buffer_state))
         if world > 1:
             dist.barrier()
         client = BufferClient(actor, cfg.labeler.buffer_size, state.model.num_novel, rank, state.device)
-        client.start(state.step - 1)
+        client.start(last)
     state.method.connect(buffer=client, gather=all_gather_rows, rank=rank)
     return client
 

@@ -106,3 +106,11 @@ def test_gamma_per_cluster_scales_with_ku_and_a_later_gamma_wins(tmp_path):
         pytest.approx(10.5)  # a saved run config reads back to the same γ
     with pytest.raises(ConfigError, match="labeler.gamma_per_cluster"):
         load_config(None, ["--gamma-per-cluster", "-1"])
+
+
+def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negative_count():
+    assert load_config(None, ["--known-warmup-epochs", "1.5"]).optim.known_warmup_epochs == 1.5
+    with pytest.raises(ConfigError, match="optim.known_warmup_epochs"):
+        load_config(None, ["--known-warmup-epochs", "-1"])
+    with pytest.raises(ConfigError, match="leaves none of the 2 epochs"):
+        load_config(None, ["--epochs", "2", "--known-warmup-epochs", "2"])

@@ -71,6 +71,26 @@ def test_a_step_gives_row_stochastic_labels_and_moves_tau(splits):
     assert 0 <= metrics["ot_share"] <= 1 and metrics["bad_images"] == 0
 
 
+def test_known_warmup_trains_the_known_classes_alone_then_self_labeling_starts_on_a_fresh_clock(splits):
+    """``optim.known_warmup_epochs``: no pseudo-labels, no novel loss, τ and the buffer untouched; then discovery
+    starts with the buffer's clock at 0 (the Ray buffer client requires consecutive steps from 0)."""
+    cfg = small_config()
+    cfg.optim.known_warmup_epochs = 1.0
+    state = new_state(cfg, splits)
+    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
+    assert state.discovery_from == steps and state.discovery_step == -steps
+    clock: list[int] = []
+    targets = state.method.novel_targets
+    state.method.novel_targets = lambda *args: (clock.append(args[-1]), targets(*args))[1]
+    known_only = run_epoch(state, batches(splits, cfg), cfg.optim)
+    assert known_only["loss_u"] == 0.0 and known_only["loss_s"] > 0 and known_only["ot_share"] == 0.0
+    assert clock == [] and len(buffer_of(state).buffer) == 0
+    assert state.tau_history == [pytest.approx(2.0)] * steps  # the prior waits at its start (t = 0)
+    joint = run_epoch(state, batches(splits, cfg, 1), cfg.optim)
+    assert clock == list(range(steps)) and state.discovery_step == steps
+    assert joint["loss_u"] > 0 and state.labeler.imbalance_factor != pytest.approx(2.0)
+
+
 def test_invalid_rows_are_left_out_of_the_ot_problem_and_counted():
     torch.manual_seed(0)
     scores = torch.randn(2, 6, KU).clamp(-1, 1)

@@ -95,11 +95,13 @@ def test_two_workers_stream_two_epochs_per_execution_in_lockstep(ray_local, tmp_
 def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, feature_table, s3_bucket, tmp_path,
                                                                     capsys):
     """Run storage and checkpoints on ``s3://`` (the rclone server), and a second run resumes from there; the
-    terminal shows our epoch lines (relayed from rank 0), which also go to the run's ``train.log``."""
+    terminal shows our epoch lines (relayed from rank 0), which also go to the run's ``train.log``. Half of the
+    first epoch is the known-class warm-up, so the shared buffer actor's clock (self-labeling steps only) is
+    restored at another step than the training step's."""
     from ncdlr.cli import main
 
     common = ["--features", feature_table, "--num-workers", "2", "--batch-size", "8", "--gamma", "5",
-              "--buffer-size", "64", "--warmup-epochs", "1", "--evaluate", "false",
+              "--buffer-size", "64", "--warmup-epochs", "1", "--evaluate", "false", "--known-warmup-epochs", "0.5",
               "--storage-path", f"{s3_bucket}/runs"]
     assert main(["train", *common, "--epochs", "1", "--output", str(tmp_path / "first")]) == 0
     first = (tmp_path / "first" / "checkpoint.txt").read_text().strip()
@@ -115,6 +117,9 @@ def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, 
     assert second["epoch"] == 3 and second["step"] == 3 * before["step"]
     assert len(second["tau_history"]) == second["step"]
     assert second["tau_history"][: before["step"]] == before["tau_history"]
+    warmup = round(0.5 * before["step"])
+    assert before["tau_history"][:warmup] == [pytest.approx(2.0)] * warmup  # τ waits at its start (t = 0) ...
+    assert before["tau_history"][-1] != pytest.approx(2.0)  # ... then learns
     assert second["buffer"]["rows"].shape == before["buffer"]["rows"].shape
     assert not torch.equal(second["buffer"]["rows"], before["buffer"]["rows"])
 
