@@ -26,15 +26,18 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   classes' imbalance n_max/n_min), and the ablations ncdlr-uniform (= ladder "+EP"), ladder-buffer (learnable
   prototypes + CE + buffer + uniform prior = ladder "+buffer"), ncdlr-nobuffer, ncdlr-learnable, ncdlr-ce,
   ncdlr-true (fixed true novel counts), ncdlr-free; ncdlr-anchored (ours: KL towards w(τ̂), τ̂ = the known
-  classes' imbalance, instead of towards uniform). Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
+  classes' imbalance, instead of towards uniform); ncdlr-kw and uno-kw (the first epoch on the known classes
+  alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512).
+  Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
       [--features /work/cache/openclipart-lt-lite0-160.parquet] [--activations /work/cache/oc-lite0-160-b1-v8] \\
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
-      [--workers 2] [--select]
+      [--workers 2] [--select] [--select-warmup]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
-dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice).
+dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-warmup`` rehearses the
+known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) the same way.
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
 processes and resumed; the tables are rendered from every cached result of the requested grid.
 """
@@ -53,7 +56,7 @@ import torch
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service.config import Config
 from ncdlr.service.local import evaluate, known_imbalance, train
-from ncdlr.service.rehearsal import UNIFORM, apply_gamma, choose_candidate, select_gamma
+from ncdlr.service.rehearsal import UNIFORM, apply_gamma, choose_candidate, select_gamma, select_setting
 
 VARIANTS: dict[str, dict[str, dict]] = {
     "uno": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"}, "labeler": {"prior": "uniform", "use_buffer": False}},
@@ -75,6 +78,13 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # τ held fixed (the labeler's lr 0): w(τ) with τ = 1 + e^init_t, no feedback between the prior and the model
     "ncdlr-tau2": {"labeler": {"lr": 0.0, "init_t": 0.0}},
     "ncdlr-tau4": {"labeler": {"lr": 0.0, "init_t": math.log(3.0)}},
+    # the paper's buffer J = 2048 rows (method.md §4.1) instead of the cached datasets' 512: the OT and τ's update
+    # see ~45 % of an epoch's novel rows instead of ~11 % (a seed-spread candidate)
+    "ncdlr-j2048": {"labeler": {"buffer_size": 2048}},
+    # the first epoch on the known classes alone, then discovery (optim.known_warmup_epochs; a seed-spread candidate)
+    "ncdlr-kw": {"optim": {"known_warmup_epochs": 1.0}},
+    "uno-kw": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
+               "labeler": {"prior": "uniform", "use_buffer": False}, "optim": {"known_warmup_epochs": 1.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
@@ -232,6 +242,29 @@ def read_selection(path: Path) -> dict:
     return chosen
 
 
+#: ``--select-warmup``: the known-class warm-up (optim.known_warmup_epochs) rehearsed off (the default) against one epoch
+WARMUP_CANDIDATES, WARMUP_DEFAULT = (0.0, 1.0), 0.0
+
+
+def warmup_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None) -> dict:
+    """The dataset's known-class rehearsal of :data:`WARMUP_CANDIDATES` (the dataset's config, adaptive prior, seed 0,
+    :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as select-warmup-<dataset>.json;
+    the choice is derived again from the per-draw scores on every read (:func:`choose_candidate`)."""
+    path = root / f"select-warmup-{dataset}{f'-e{epochs}' if epochs else ''}.json"
+    if not path.is_file():
+        start, per_draw = time.perf_counter(), {}
+        select_setting(dataset_config(dataset, epochs), splits, "optim.known_warmup_epochs", WARMUP_CANDIDATES,
+                       WARMUP_DEFAULT, draws=SELECT_DRAWS, pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw)
+        path.write_text(json.dumps({"dataset": dataset, "per_draw": {str(k): v for k, v in per_draw.items()},
+                                    "draws": SELECT_DRAWS, "pseudo_novel_fraction": SELECT_FRACTION,
+                                    "seconds": time.perf_counter() - start}))
+    chosen = json.loads(path.read_text())
+    per_draw = {float(k): v for k, v in chosen["per_draw"].items()}
+    chosen.update(known_warmup_epochs=choose_candidate(per_draw, WARMUP_DEFAULT),
+                  scores={k: float(np.mean(v)) for k, v in per_draw.items()})
+    return chosen
+
+
 def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None, trace: bool = False) -> Path:
     return root / f"{dataset}-{variant}-s{seed}{f'-e{epochs}' if epochs else ''}{'-trace' if trace else ''}.json"
 
@@ -342,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     "default: the first, synthetic + openclipart)")
     parser.add_argument("--select", action="store_true",
                         help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
+    parser.add_argument("--select-warmup", action="store_true",
+                        help="run (or read) each dataset's known-class rehearsal of the known-class warm-up (0 or 1 "
+                             "epoch, optim.known_warmup_epochs), cached as select-warmup-<dataset>.json")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     parser.add_argument("--workers", type=int, default=1,
@@ -380,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
             choice = "uniform prior" if chosen["uniform"] else f"γ = {chosen['gamma']:.3g}"
             print(f"[{dataset}] rehearsal: {choice} (γ/Ku → score: {chosen['scores']}; {chosen['seconds']:.0f} s)",
                   flush=True)
+        if args.select_warmup and not args.render_only and args.shard is None:
+            warm = warmup_selection(args.results, dataset, fixed if fixed is not None else synthetic_splits(0),
+                                    args.epochs)
+            print(f"[{dataset}] warm-up rehearsal: known_warmup_epochs = {warm['known_warmup_epochs']:g} "
+                  f"(per draw: {warm['per_draw']}; {warm['seconds']:.0f} s)", flush=True)
         for seed in range(args.seeds):
             skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)
             splits = fixed if dataset.startswith("openclipart") else (None if skip else synthetic_splits(seed))

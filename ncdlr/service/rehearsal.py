@@ -12,13 +12,15 @@ many steps as a real one and the buffer holds the same share of an epoch. Cost: 
 the known rows per candidate and draw.
 
 The uniform prior (:data:`UNIFORM`) can be a candidate, so the rehearsal may also answer "learn the prior or
-not". Several draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
+not"; :func:`select_setting` rehearses the values of any other config key the same way (e.g. the known-class
+warm-up, ``optim.known_warmup_epochs``). Several draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
 (:func:`choose_candidate`) keeps the default γ/Ku unless a candidate beats it on the draws by two standard errors.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -36,14 +38,23 @@ DEFAULT_GAMMA_PER_CLUSTER = 0.5
 UNIFORM = GAMMA_UNIFORM
 
 
-def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
-    """A copy of ``cfg`` for one candidate: ``labeler.gamma = gamma`` (:data:`UNIFORM`: ``labeler.prior = uniform``),
-    ``data.batch_size`` and ``labeler.buffer_size`` times ``scale`` (n'/n; at least one row, the buffer at least one
-    batch)."""
-    trial = apply_gamma(copy.deepcopy(cfg), gamma)
+#: a rehearsal candidate: edits a trial config in place, given the validation problem's number of pseudo-novel classes
+Candidate = Callable[[Config, int], object]
+
+
+def scaled_config(cfg: Config, scale: float) -> Config:
+    """A copy of ``cfg`` with ``data.batch_size`` and ``labeler.buffer_size`` times ``scale`` (n'/n; at least one
+    row, the buffer at least one batch): an epoch of the validation problem has as many steps as a real one."""
+    trial = copy.deepcopy(cfg)
     trial.data.batch_size = max(1, round(cfg.data.batch_size * scale))
     trial.labeler.buffer_size = max(trial.data.batch_size, round(cfg.labeler.buffer_size * scale))
     return trial
+
+
+def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
+    """A copy of ``cfg`` for one γ candidate: ``labeler.gamma = gamma`` (:data:`UNIFORM`: ``labeler.prior = uniform``),
+    scaled by :func:`scaled_config`."""
+    return apply_gamma(scaled_config(cfg, scale), gamma)
 
 
 def apply_gamma(cfg: Config, gamma: float) -> Config:
@@ -81,20 +92,57 @@ def select_gamma(cfg: Config, splits: FeatureSplits, gamma_per_cluster: tuple[fl
         ``(γ for the real Ku, {γ/Ku: mean pseudo-novel class-mean accuracy on val})``. The γ is :data:`UNIFORM`
         when the uniform prior wins (:func:`apply_gamma`).
     """
-    if draws < 1:
-        raise ValueError(f"draws must be at least 1, got {draws}")
-    by_draw: dict[float, list[float]] = {ratio: [] for ratio in gamma_per_cluster}
-    for draw in range(draws):
-        validation, info = validation_splits(
-            splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
-        scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
-        for ratio in gamma_per_cluster:
-            trial = rehearsal_config(cfg, ratio * info.num_novel, scale)
-            by_draw[ratio].append(rehearsal_score(train(trial, validation), validation))
+    candidates = {ratio: (lambda trial, ku, ratio=ratio: apply_gamma(trial, ratio * ku)) for ratio in gamma_per_cluster}
+    by_draw = rehearse(cfg, splits, candidates, draws, pseudo_novel_fraction)
     if per_draw is not None:
         per_draw.update(by_draw)
     scores = {ratio: float(np.mean(values)) for ratio, values in by_draw.items()}
     return choose_candidate(by_draw, default, margin_se) * splits.num_novel, scores
+
+
+def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Candidate], draws: int = 1,
+             pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction) -> dict[Hashable, list[float]]:
+    """Each candidate's pseudo-novel score on each validation draw: ``{key: [score of draw 0, draw 1, …]}``.
+
+    Draw ``d`` is the validation problem of seed ``run.seed + d`` (:func:`validation_splits`); every candidate
+    trains on it from ``cfg`` scaled to its size (:func:`scaled_config`) and edited by ``candidates[key](trial,
+    Ku')``, and is scored by :func:`rehearsal_score`. Cost: ``len(candidates) · draws`` trainings.
+    """
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
+    by_draw: dict[Hashable, list[float]] = {key: [] for key in candidates}
+    for draw in range(draws):
+        validation, info = validation_splits(
+            splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
+        scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
+        for key, edit in candidates.items():
+            trial = scaled_config(cfg, scale)
+            edit(trial, info.num_novel)
+            by_draw[key].append(rehearsal_score(train(trial, validation), validation))
+    return by_draw
+
+
+def select_setting(cfg: Config, splits: FeatureSplits, key: str, values: Sequence, default, draws: int = 3,
+                   pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
+                   per_draw: dict | None = None, margin_se: float = 2.0) -> tuple[object, dict]:
+    """The value of config ``key`` (``"section.name"``) the known-class rehearsal supports, among ``values``.
+
+    ``default`` (one of ``values``) stays unless another value beats it draw by draw by ``margin_se`` standard
+    errors (:func:`choose_candidate`); hence at least two draws. Returns ``(value, {value: mean score})``;
+    ``per_draw`` is filled with ``{value: [score of each draw]}`` when given.
+    """
+    section, _, name = key.partition(".")
+    if not hasattr(getattr(cfg, section, None), name):
+        raise ValueError(f"unknown config key {key!r}")
+    if default not in values or draws < 2:
+        raise ValueError(f"need the default among the values and at least 2 draws; got {default!r} in {list(values)}, "
+                         f"draws={draws}")
+    candidates = {value: (lambda trial, _ku, value=value: setattr(getattr(trial, section), name, value))
+                  for value in values}
+    by_draw = rehearse(cfg, splits, candidates, draws, pseudo_novel_fraction)
+    if per_draw is not None:
+        per_draw.update(by_draw)
+    return choose_candidate(by_draw, default, margin_se), {v: float(np.mean(s)) for v, s in by_draw.items()}
 
 
 def choose_candidate(per_draw: dict[float, list[float]], default: float | None = DEFAULT_GAMMA_PER_CLUSTER,

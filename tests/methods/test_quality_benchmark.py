@@ -90,3 +90,22 @@ def test_workers_split_the_grid_over_processes_and_render_every_cell(tmp_path):
     assert (cells / "select-synthetic-e1.json").is_file()
     text = (tmp_path / "r.md").read_text()
     assert "| uno |" in text and "| ncdlr-val |" in text and "seeds [0, 1]" in text
+
+
+def test_select_warmup_rehearses_the_known_class_warm_up_once_and_reads_its_choice_from_the_draws(tmp_path):
+    quality = load_quality()
+    threads = torch.get_num_threads()
+    cells = tmp_path / "cells"
+    try:
+        code = quality.main(["--datasets", "synthetic", "--seeds", "0", "--epochs", "2", "--select-warmup",
+                             "--results", str(cells)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    path = cells / "select-warmup-synthetic-e2.json"
+    recorded = json.loads(path.read_text())
+    assert set(recorded["per_draw"]) == {"0.0", "1.0"}
+    assert all(len(v) == quality.SELECT_DRAWS and all(0 <= s <= 1 for s in v) for v in recorded["per_draw"].values())
+    recorded["per_draw"] = {"0.0": [0.3, 0.4, 0.35], "1.0": [0.4, 0.5, 0.46]}  # a clear win, read back: chosen
+    path.write_text(json.dumps(recorded))
+    assert quality.warmup_selection(cells, "synthetic", None, 2)["known_warmup_epochs"] == 1.0

@@ -132,3 +132,29 @@ def test_with_several_draws_the_default_stays_unless_a_candidate_beats_it_draw_b
     assert rehearsal.choose_candidate(clear) == 1.5  # +0.10 on every draw; the uniform's +0.05 clears too, less
     assert rehearsal.choose_candidate(clear, margin_se=100.0) == 0.5
     assert rehearsal.choose_candidate({0.5: [0.3], 1.5: [0.4]}) == 1.5  # one draw: the best score
+
+
+def test_select_setting_rehearses_a_config_key_on_scaled_trials_and_keeps_the_default_without_evidence(monkeypatch):
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    trials = []
+
+    def fake_train(trial_cfg, trained_on):
+        trials.append((trial_cfg.optim.known_warmup_epochs, trial_cfg.data.batch_size, trained_on.num_novel))
+        return trial_cfg.optim.known_warmup_epochs
+
+    scores = {0.0: iter([0.30, 0.40, 0.35]), 1.0: iter([0.32, 0.38, 0.37])}  # +0.02, −0.02, +0.02: noise
+    monkeypatch.setattr(rehearsal, "train", fake_train)
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda value, _: next(scores[value]))
+    per_draw = {}
+    value, means = rehearsal.select_setting(cfg, splits, "optim.known_warmup_epochs", (0.0, 1.0), default=0.0,
+                                            draws=3, pseudo_novel_fraction=0.5, per_draw=per_draw)
+    assert value == 0.0 and means == pytest.approx({0.0: 0.35, 1.0: 0.3567}, abs=1e-4)
+    assert per_draw == {0.0: [0.30, 0.40, 0.35], 1.0: [0.32, 0.38, 0.37]}
+    assert [t[0] for t in trials] == [0.0, 1.0] * 3 and {t[2] for t in trials} == {3}
+    assert all(t[1] < cfg.data.batch_size for t in trials) and cfg.optim.known_warmup_epochs == 0.0  # scaled copies
+    scores = {0.0: iter([0.30, 0.40, 0.35]), 1.0: iter([0.40, 0.49, 0.46])}  # +0.10 on every draw
+    assert rehearsal.select_setting(cfg, splits, "optim.known_warmup_epochs", (0.0, 1.0), 0.0)[0] == 1.0
+    with pytest.raises(ValueError, match="unknown config key"):
+        rehearsal.select_setting(cfg, splits, "optim.no_such_key", (0, 1), 0)
+    with pytest.raises(ValueError, match="at least 2 draws"):
+        rehearsal.select_setting(cfg, splits, "optim.known_warmup_epochs", (0.0, 1.0), 0.0, draws=1)
