@@ -51,12 +51,6 @@ def scaled_config(cfg: Config, scale: float) -> Config:
     return trial
 
 
-def rehearsal_config(cfg: Config, gamma: float, scale: float) -> Config:
-    """A copy of ``cfg`` for one γ candidate: ``labeler.gamma = gamma`` (:data:`UNIFORM`: ``labeler.prior = uniform``),
-    scaled by :func:`scaled_config`."""
-    return apply_gamma(scaled_config(cfg, scale), gamma)
-
-
 def apply_gamma(cfg: Config, gamma: float) -> Config:
     """``cfg`` with the rehearsal's choice set in place (:meth:`~ncdlr.method_settings.LabelerConfig.set_gamma`)."""
     cfg.labeler.set_gamma(gamma)

@@ -170,7 +170,7 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         loss_s = method.known_loss(model, zk1[known_valid], zk2[known_valid], labels[known_valid])
     else:
         loss_s = z.sum() * 0.0
-    if state.step < state.discovery_from:  # known-class warm-up: no pseudo-labels (the buffer and τ wait too)
+    if state.discovery_step < 0:  # known-class warm-up: no pseudo-labels (the buffer and τ wait too)
         loss_u, times = z.sum() * 0.0, {"exchange": 0.0, "ot": 0.0}
     else:
         q, times = method.novel_targets(model, zn1, zn2, novel_valid, state.discovery_step)

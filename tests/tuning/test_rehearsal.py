@@ -61,10 +61,10 @@ def test_select_gamma_trains_each_candidate_on_the_search_validation_split_at_eq
 
 def test_a_candidate_trains_as_many_steps_per_epoch_as_the_real_run():
     cfg = tiny_config()
-    trial = rehearsal.rehearsal_config(cfg, 3.0, scale=0.25)
+    trial = rehearsal.apply_gamma(rehearsal.scaled_config(cfg, scale=0.25), 3.0)
     assert (trial.labeler.gamma, trial.data.batch_size, trial.labeler.buffer_size) == (3.0, 8, 64)
     assert (cfg.data.batch_size, cfg.labeler.buffer_size) == (32, 256)  # the run's own config is left alone
-    tiny = rehearsal.rehearsal_config(cfg, 3.0, scale=0.001)
+    tiny = rehearsal.scaled_config(cfg, scale=0.001)
     assert tiny.data.batch_size == 1 and tiny.labeler.buffer_size == 1
 
 
