@@ -79,7 +79,7 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-tau2": {"labeler": {"lr": 0.0, "init_t": 0.0}},
     "ncdlr-tau4": {"labeler": {"lr": 0.0, "init_t": math.log(3.0)}},
     # the paper's buffer J = 2048 rows (method.md §4.1) instead of the cached datasets' 512: the OT and τ's update
-    # see ~45 % of an epoch's novel rows instead of ~11 % (a seed-spread candidate)
+    # see about half an epoch's novel logits instead of an eighth (a seed-spread candidate; it made τ run away)
     "ncdlr-j2048": {"labeler": {"buffer_size": 2048}},
     # the first epoch on the known classes alone, then discovery (optim.known_warmup_epochs; a seed-spread candidate)
     "ncdlr-kw": {"optim": {"known_warmup_epochs": 1.0}},
