@@ -216,8 +216,9 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
 SELECT_CANDIDATES, SELECT_DRAWS, SELECT_FRACTION = (UNIFORM, 0.15, 0.5, 1.5), 3, 0.5
 
 
-def selection_path(root: Path, dataset: str, epochs: int | None) -> Path:
-    return root / f"select-{dataset}{f'-e{epochs}' if epochs else ''}.json"
+def selection_path(root: Path, dataset: str, epochs: int | None, what: str = "") -> Path:
+    """Where a dataset's rehearsal is cached: select-<dataset>.json (γ), select-<what>-<dataset>.json (another key)."""
+    return root / f"select-{f'{what}-' if what else ''}{dataset}{f'-e{epochs}' if epochs else ''}.json"
 
 
 def run_selection(dataset: str, splits: FeatureSplits, epochs: int | None) -> dict:
@@ -250,7 +251,7 @@ def warmup_selection(root: Path, dataset: str, splits: FeatureSplits | None, epo
     """The dataset's known-class rehearsal of :data:`WARMUP_CANDIDATES` (the dataset's config, adaptive prior, seed 0,
     :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as select-warmup-<dataset>.json;
     the choice is derived again from the per-draw scores on every read (:func:`choose_candidate`)."""
-    path = root / f"select-warmup-{dataset}{f'-e{epochs}' if epochs else ''}.json"
+    path = selection_path(root, dataset, epochs, "warmup")
     if not path.is_file():
         start, per_draw = time.perf_counter(), {}
         select_setting(dataset_config(dataset, epochs), splits, "optim.known_warmup_epochs", WARMUP_CANDIDATES,

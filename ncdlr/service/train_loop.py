@@ -174,10 +174,7 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         loss_u, times = z.sum() * 0.0, {"exchange": 0.0, "ot": 0.0}
     else:
         q, times = method.novel_targets(model, zn1, zn2, novel_valid, state.discovery_step)
-        if novel_valid.any():
-            loss_u = method.novel_loss(model, zn1, zn2, q, novel_valid)
-        else:
-            loss_u = z.sum() * 0.0
+        loss_u = method.novel_loss(model, zn1, zn2, q, novel_valid) if novel_valid.any() else z.sum() * 0.0
     loss = loss_s + optim.alpha * loss_u
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
