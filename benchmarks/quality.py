@@ -27,17 +27,19 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   prototypes + CE + buffer + uniform prior = ladder "+buffer"), ncdlr-nobuffer, ncdlr-learnable, ncdlr-ce,
   ncdlr-true (fixed true novel counts), ncdlr-free; ncdlr-anchored (ours: KL towards w(τ̂), τ̂ = the known
   classes' imbalance, instead of towards uniform); ncdlr-kw and uno-kw (the first epoch on the known classes
-  alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512).
+  alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512); ncdlr-ramp
+  and ncdlr-j2048-ramp (γ ramped ×10 over the second half of the epochs, labeler.gamma_ramp = 10).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
       [--features /work/cache/openclipart-lt-lite0-160.parquet] [--activations /work/cache/oc-lite0-160-b1-v8] \\
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
-      [--workers 2] [--select] [--select-warmup]
+      [--workers 2] [--select] [--select-setting warmup ramp]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
-dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-warmup`` rehearses the
-known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) the same way.
+dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup ramp``
+rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) and the γ ramp
+(``labeler.gamma_ramp``: 1 or 10) the same way (``--select-warmup`` = ``--select-setting warmup``).
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
 processes and resumed; the tables are rendered from every cached result of the requested grid.
 """
@@ -81,6 +83,10 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # the paper's buffer J = 2048 rows (method.md §4.1) instead of the cached datasets' 512: the OT and τ's update
     # see about half an epoch's novel logits instead of an eighth (a seed-spread candidate; it made τ run away)
     "ncdlr-j2048": {"labeler": {"buffer_size": 2048}},
+    # γ ramped ×10 over the second half of the epochs (labeler.gamma_ramp): the prior's early rise kept, τ pulled back
+    # towards 1 at the end; a guard against a skew held to the end (as J = 2048 and the unseen set of method.md §10 show)
+    "ncdlr-ramp": {"labeler": {"gamma_ramp": 10.0}},
+    "ncdlr-j2048-ramp": {"labeler": {"buffer_size": 2048, "gamma_ramp": 10.0}},
     # the first epoch on the known classes alone, then discovery (optim.known_warmup_epochs; a seed-spread candidate)
     "ncdlr-kw": {"optim": {"known_warmup_epochs": 1.0}},
     "uno-kw": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
@@ -243,25 +249,32 @@ def read_selection(path: Path) -> dict:
     return chosen
 
 
-#: ``--select-warmup``: the known-class warm-up (optim.known_warmup_epochs) rehearsed off (the default) against one epoch
-WARMUP_CANDIDATES, WARMUP_DEFAULT = (0.0, 1.0), 0.0
+#: ``--select-setting NAME``: a config key rehearsed on the known classes, its candidates and its default (kept unless
+#: beaten draw by draw by two standard errors). ``warmup``: the known-class warm-up, off against one epoch; ``ramp``:
+#: the paper's constant γ against γ ramped ×10 over the second half of the epochs.
+SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
+    "warmup": ("optim.known_warmup_epochs", (0.0, 1.0), 0.0),
+    "ramp": ("labeler.gamma_ramp", (1.0, 10.0), 1.0),
+}
 
 
-def warmup_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None) -> dict:
-    """The dataset's known-class rehearsal of :data:`WARMUP_CANDIDATES` (the dataset's config, adaptive prior, seed 0,
-    :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as select-warmup-<dataset>.json;
-    the choice is derived again from the per-draw scores on every read (:func:`choose_candidate`)."""
-    path = selection_path(root, dataset, epochs, "warmup")
+def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str) -> dict:
+    """The dataset's known-class rehearsal of :data:`SETTING_REHEARSALS` ``[what]`` (the dataset's config, adaptive
+    prior, seed 0, :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as
+    select-<what>-<dataset>.json; the choice (under the key's field name, e.g. ``gamma_ramp``) is derived again from
+    the per-draw scores on every read (:func:`choose_candidate`)."""
+    key, candidates, default = SETTING_REHEARSALS[what]
+    path = selection_path(root, dataset, epochs, what)
     if not path.is_file():
         start, per_draw = time.perf_counter(), {}
-        select_setting(dataset_config(dataset, epochs), splits, "optim.known_warmup_epochs", WARMUP_CANDIDATES,
-                       WARMUP_DEFAULT, draws=SELECT_DRAWS, pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw)
-        path.write_text(json.dumps({"dataset": dataset, "per_draw": {str(k): v for k, v in per_draw.items()},
+        select_setting(dataset_config(dataset, epochs), splits, key, candidates, default, draws=SELECT_DRAWS,
+                       pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw)
+        path.write_text(json.dumps({"dataset": dataset, "key": key, "per_draw": {str(k): v for k, v in per_draw.items()},
                                     "draws": SELECT_DRAWS, "pseudo_novel_fraction": SELECT_FRACTION,
                                     "seconds": time.perf_counter() - start}))
     chosen = json.loads(path.read_text())
     per_draw = {float(k): v for k, v in chosen["per_draw"].items()}
-    chosen.update(known_warmup_epochs=choose_candidate(per_draw, WARMUP_DEFAULT),
+    chosen.update({key.partition(".")[2]: choose_candidate(per_draw, default)},
                   scores={k: float(np.mean(v)) for k, v in per_draw.items()})
     return chosen
 
@@ -376,9 +389,11 @@ def main(argv: list[str] | None = None) -> int:
                                                     "default: the first, synthetic + openclipart)")
     parser.add_argument("--select", action="store_true",
                         help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
-    parser.add_argument("--select-warmup", action="store_true",
-                        help="run (or read) each dataset's known-class rehearsal of the known-class warm-up (0 or 1 "
-                             "epoch, optim.known_warmup_epochs), cached as select-warmup-<dataset>.json")
+    parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted(SETTING_REHEARSALS),
+                        help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
+                             "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), ramp "
+                             "(labeler.gamma_ramp 1 or 10)")
+    parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     parser.add_argument("--workers", type=int, default=1,
@@ -417,11 +432,13 @@ def main(argv: list[str] | None = None) -> int:
             choice = "uniform prior" if chosen["uniform"] else f"γ = {chosen['gamma']:.3g}"
             print(f"[{dataset}] rehearsal: {choice} (γ/Ku → score: {chosen['scores']}; {chosen['seconds']:.0f} s)",
                   flush=True)
-        if args.select_warmup and not args.render_only and args.shard is None:
-            warm = warmup_selection(args.results, dataset, fixed if fixed is not None else synthetic_splits(0),
-                                    args.epochs)
-            print(f"[{dataset}] warm-up rehearsal: known_warmup_epochs = {warm['known_warmup_epochs']:g} "
-                  f"(per draw: {warm['per_draw']}; {warm['seconds']:.0f} s)", flush=True)
+        settings = list(dict.fromkeys(args.select_setting + (["warmup"] if args.select_warmup else [])))
+        for what in settings if not args.render_only and args.shard is None else ():
+            key = SETTING_REHEARSALS[what][0]
+            done = setting_selection(args.results, dataset, fixed if fixed is not None else synthetic_splits(0),
+                                     args.epochs, what)
+            print(f"[{dataset}] {what} rehearsal: {key} = {done[key.partition('.')[2]]:g} "
+                  f"(per draw: {done['per_draw']}; {done['seconds']:.0f} s)", flush=True)
         for seed in range(args.seeds):
             skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)
             splits = fixed if dataset.startswith("openclipart") else (None if skip else synthetic_splits(seed))

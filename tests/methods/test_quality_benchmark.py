@@ -92,7 +92,7 @@ def test_workers_split_the_grid_over_processes_and_render_every_cell(tmp_path):
     assert "| uno |" in text and "| ncdlr-val |" in text and "seeds [0, 1]" in text
 
 
-def test_select_warmup_rehearses_the_known_class_warm_up_once_and_reads_its_choice_from_the_draws(tmp_path):
+def test_select_setting_rehearses_the_warm_up_once_and_reads_each_choice_from_the_draws(tmp_path):
     quality = load_quality()
     threads = torch.get_num_threads()
     cells = tmp_path / "cells"
@@ -108,4 +108,7 @@ def test_select_warmup_rehearses_the_known_class_warm_up_once_and_reads_its_choi
     assert all(len(v) == quality.SELECT_DRAWS and all(0 <= s <= 1 for s in v) for v in recorded["per_draw"].values())
     recorded["per_draw"] = {"0.0": [0.3, 0.4, 0.35], "1.0": [0.4, 0.5, 0.46]}  # a clear win, read back: chosen
     path.write_text(json.dumps(recorded))
-    assert quality.warmup_selection(cells, "synthetic", None, 2)["known_warmup_epochs"] == 1.0
+    assert quality.setting_selection(cells, "synthetic", None, 2, "warmup")["known_warmup_epochs"] == 1.0
+    ramp = cells / "select-ramp-synthetic-e2.json"  # the γ ramp's rehearsal, read the same way (no training here)
+    ramp.write_text(json.dumps({"per_draw": {"1.0": [0.3, 0.4, 0.35], "10.0": [0.31, 0.38, 0.36]}, "seconds": 1.0}))
+    assert quality.setting_selection(cells, "synthetic", None, 2, "ramp")["gamma_ramp"] == 1.0  # not beaten: default
