@@ -168,22 +168,42 @@ def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits,
 
 # -- grid ----------------------------------------------------------------------------------------------------
 
-def clustering_trace(splits: FeatureSplits, trace: list[dict]):
-    """An ``on_epoch`` hook recording how the novel TRAINING rows are clustered after each epoch (a diagnosis of
-    the seed spread; never used to select anything): class-mean accuracy of the argmax over the novel columns
-    against the true novel labels (Hungarian), the clusters that received rows, the largest cluster's share, τ."""
+def novel_clustering(run, splits: FeatureSplits) -> tuple[dict[str, float], np.ndarray]:
+    """How ``run``'s model clusters the novel TRAINING rows (view 0 of cached activations): the argmax over the novel
+    columns ``[N_novel]`` and its class-mean accuracy against the true novel labels after a Hungarian matching among
+    the novel clusters (task-aware, transductive: the clustering accuracy NCD papers report on the unlabelled set),
+    with head/medium/tail by training count. A diagnosis (of the seed spread); never used to select anything."""
     from ncdlr.metrics import cluster_accuracy
     from ncdlr.service.local import embed
 
-    y = splits.labels["novel"].numpy() - splits.num_known
+    ks = splits.num_known
+    y = splits.labels["novel"].numpy() - ks
+    was_training = run.model.training
+    run.model.eval()
+    logits = run.method.predict_logits(run.model, embed(run.model, splits.features["novel"]))[:, ks:]
+    run.model.train(was_training)
+    pred = logits.argmax(1).numpy()
+    return cluster_accuracy(y, pred, 0, train_counts=np.bincount(y, minlength=splits.num_novel).tolist()), pred
+
+
+def test_predictions(run, splits: FeatureSplits) -> list[int]:
+    """``[N_test]`` the plain model's predictions over all K classes (the argmax :func:`evaluate` scores as "none"),
+    kept per cell so that seeds can be compared image by image (``benchmarks/seed_spread.py``)."""
+    from ncdlr.service.local import embed
+
+    logits = run.method.predict_logits(run.model, embed(run.model, splits.features["test"]))
+    return logits.argmax(1).tolist()
+
+
+def clustering_trace(splits: FeatureSplits, trace: list[dict]):
+    """An ``on_epoch`` hook recording how the novel TRAINING rows are clustered after each epoch (a diagnosis of
+    the seed spread; never used to select anything): :func:`novel_clustering`'s class-mean accuracy, the clusters
+    that received rows, the largest cluster's share, τ."""
 
     def on_epoch(epoch: int, run) -> None:
-        run.model.eval()
-        logits = run.method.predict_logits(run.model, embed(run.model, splits.features["novel"]))[:, splits.num_known:]
-        run.model.train()
-        pred = logits.argmax(1).numpy()
-        sizes = np.bincount(pred, minlength=logits.shape[1])
-        trace.append({"epoch": epoch, "novel_train_acc": cluster_accuracy(y, pred, 0)["all"],
+        accuracy, pred = novel_clustering(run, splits)
+        sizes = np.bincount(pred, minlength=splits.num_novel)
+        trace.append({"epoch": epoch, "novel_train_acc": accuracy["all"],
                       "clusters_used": int((sizes > 0).sum()), "largest_share": float(sizes.max() / len(pred)),
                       "tau": run.tau_history[-1] if run.tau_history else None})
 
@@ -207,6 +227,7 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
     start = time.perf_counter()
     results = evaluate(trained, splits, posthoc=POSTHOC_OF.get(variant, ("none",)), temperature=cfg.method.temperature,
                        seed=seed)
+    novel_train, _ = novel_clustering(trained, splits)
     tau = trained.tau_history
     learned_prior = cfg.labeler.prior in ("adaptive", "bounded", "anchored", "free") and cfg.method.name == "ncdlr"
     return {"dataset": dataset, "variant": variant, "seed": seed, "results": results,
@@ -214,7 +235,7 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "tau_history": tau[:: max(1, len(tau) // 50)] if learned_prior else [],
             "train_s": trained.seconds, "cpu_s": time.process_time() - cpu, "eval_s": time.perf_counter() - start, "epochs": cfg.optim.epochs,
             "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance,
-            "trace": epochs_trace}
+            "trace": epochs_trace, "novel_train": novel_train, "test_pred": test_predictions(trained, splits)}
 
 
 #: the dataset-level rehearsal of ``--select``: candidates (γ/Ku; UNIFORM = the uniform prior), validation draws and

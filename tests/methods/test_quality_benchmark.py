@@ -31,6 +31,13 @@ def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path)
     assert [c.name for c in cells] == ["synthetic-ncdlr-s0-e2.json", "synthetic-uno-s0-e2.json"]
     ncdlr = json.loads(cells[0].read_text())
     assert set(ncdlr["results"]) == {"none", "la", "crt"} and ncdlr["tau_final"] > 1.0
+    # kept for benchmarks/seed_spread.py: the plain model's test predictions (their accuracy is the "none" row's)
+    # and the clustering of the novel training rows
+    from ncdlr.metrics import cluster_accuracy
+    splits = quality.synthetic_splits(0)
+    assert cluster_accuracy(splits.labels["test"].numpy(), ncdlr["test_pred"], splits.num_known)["novel"] == \
+        ncdlr["results"]["none"]["novel"]
+    assert 0 <= ncdlr["novel_train"]["all"] <= 1 and "novel_tail" in ncdlr["novel_train"]
     text = (tmp_path / "results.md").read_text()
     begin, end = quality.markers()
     assert begin in text and end in text

@@ -1,0 +1,117 @@
+"""Where the seed spread of novel accuracy comes from (issue 14, item 3), image by image.
+
+Reads the cells of ``benchmarks/quality.py`` that kept their test predictions (``test_pred``) and the transductive
+clustering of the novel training rows (``novel_train``), and the test labels of the dataset's table. For each
+(dataset, variant), over the seeds:
+
+- **test novel**: the headline, class-mean accuracy over the novel classes of the test split, mean ± std (ddof 0);
+- **train novel**: the same measure on the novel *training* rows (task-aware, view 0; about twice the images per
+  class), mean ± std — a second reading of how far the seeds' clusterings differ;
+- **variance shares**: how much of the test novel variance each group of novel classes (head / medium / tail by
+  training count, 3:4:3) carries — ``share_g = (K_g / Ku) · cov(acc_g, novel) / var(novel)``, summing to 1;
+- **resolution**: the binomial standard error of a class-mean accuracy measured on ``n_c`` test images per class,
+  ``sqrt(Σ_c p_c (1 − p_c) / n_c) / Ku`` with ``p_c`` the class's accuracy averaged over the seeds — what the
+  test split can resolve, whatever the model;
+- **images**: over pairs of seeds, the mean number of novel test images scored right by one seed and wrong by
+  the other (each seed under its own Hungarian matching), and of those in the tail classes.
+
+Usage::
+
+    .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
+        --results /work/cache/quality-rec
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ncdlr.data.features import read_class_summary, read_feature_table
+from ncdlr.metrics import head_medium_tail, hungarian_mapping
+
+HERE = Path(__file__).resolve().parent
+
+
+def quality_module():
+    """``benchmarks/quality.py`` as a module (the cell paths and the datasets' tables)."""
+    spec = importlib.util.spec_from_file_location("quality", HERE / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def correct_per_image(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+    """``[N]`` bool: image ``i`` is right under the one Hungarian matching over all classes (as
+    :func:`ncdlr.metrics.cluster_accuracy` scores it)."""
+    mapping = hungarian_mapping(y_true, y_pred)
+    return np.array([mapping.get(int(p), -1) for p in y_pred]) == y_true
+
+
+def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: list[dict]) -> dict[str, float]:
+    """The measures of the module docstring for one (dataset, variant) over ``cells`` (one per seed, each with
+    ``test_pred [N]`` and ``novel_train``); accuracies in %, ``y_true [N]`` the test labels."""
+    novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
+    groups = head_medium_tail(novel_classes, train_counts)
+    correct = np.stack([correct_per_image(y_true, np.asarray(c["test_pred"])) for c in cells])  # [S, N]
+    per_class = np.stack([correct[:, y_true == c].mean(1) for c in novel_classes], axis=1) * 100  # [S, Ku]
+    novel = per_class.mean(1)
+    index = {c: i for i, c in enumerate(novel_classes)}
+    out = {"seeds": len(cells), "test_novel": novel.mean(), "test_novel_std": novel.std(),
+           "train_novel": np.mean([c["novel_train"]["all"] * 100 for c in cells]),
+           "train_novel_std": np.std([c["novel_train"]["all"] * 100 for c in cells])}
+    for name, members in groups.items():
+        acc = per_class[:, [index[c] for c in members]].mean(1)
+        cov = np.mean((acc - acc.mean()) * (novel - novel.mean()))
+        out[f"share_{name}"] = len(members) / len(novel_classes) * cov / novel.var() if novel.var() > 0 else float("nan")
+    p = per_class.mean(0) / 100
+    counts = np.array([(y_true == c).sum() for c in novel_classes])
+    out["resolution"] = 100 * np.sqrt((p * (1 - p) / counts).sum()) / len(novel_classes)
+    tail = np.isin(y_true, groups["tail"])
+    novel_rows = y_true >= num_known
+    pairs = list(itertools.combinations(range(len(cells)), 2))
+    out["images_differing"] = np.mean([(correct[a] != correct[b])[novel_rows].sum() for a, b in pairs])
+    out["tail_images_differing"] = np.mean([(correct[a] != correct[b])[tail].sum() for a, b in pairs])
+    out["novel_test_images"], out["tail_test_images"] = int(novel_rows.sum()), int(tail.sum())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    quality = quality_module()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=["openclipart-cached-p1"], choices=sorted(quality.CACHED))
+    parser.add_argument("--variants", nargs="+", default=["ncdlr", "uno"])
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+    parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
+    parser.add_argument("--table", action="append", default=[], metavar="DATASET=URI",
+                        help="the dataset's table, if not quality.py's default folder")
+    args = parser.parse_args(argv)
+    tables = {**quality.CACHED, **dict(t.split("=", 1) for t in args.table)}
+    print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
+          "| test resolution (binomial SE) | novel test images differing between two seeds (tail) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dataset in args.datasets:
+        num_known, _, _, train_counts = read_class_summary(tables[dataset])
+        y_true = read_feature_table(tables[dataset], splits=("test",)).labels["test"].numpy()
+        for variant in args.variants:
+            paths = [quality.cell_path(args.results, dataset, variant, s, None) for s in range(args.seeds)]
+            cells = [json.loads(p.read_text()) for p in paths if p.is_file()]
+            cells = [c for c in cells if "test_pred" in c]
+            if len(cells) < 2:
+                print(f"| {dataset} | {variant} | {len(cells)} | (fewer than two cells with test_pred) | | | | |")
+                continue
+            r = spread(y_true, train_counts, num_known, cells)
+            print(f"| {dataset} | {variant} | {r['seeds']} | {r['test_novel']:.1f} ± {r['test_novel_std']:.1f} | "
+                  f"{r['train_novel']:.1f} ± {r['train_novel_std']:.1f} | {r['share_head']:.2f} / "
+                  f"{r['share_medium']:.2f} / {r['share_tail']:.2f} | {r['resolution']:.1f} | "
+                  f"{r['images_differing']:.0f} of {r['novel_test_images']} ({r['tail_images_differing']:.1f} of "
+                  f"{r['tail_test_images']}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
