@@ -27,19 +27,18 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   prototypes + CE + buffer + uniform prior = ladder "+buffer"), ncdlr-nobuffer, ncdlr-learnable, ncdlr-ce,
   ncdlr-true (fixed true novel counts), ncdlr-free; ncdlr-anchored (ours: KL towards w(τ̂), τ̂ = the known
   classes' imbalance, instead of towards uniform); ncdlr-kw and uno-kw (the first epoch on the known classes
-  alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512); ncdlr-ramp
-  and ncdlr-j2048-ramp (γ ramped ×10 over the second half of the epochs, labeler.gamma_ramp = 10).
+  alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
       [--features /work/cache/openclipart-lt-lite0-160.parquet] [--activations /work/cache/oc-lite0-160-b1-v8] \\
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
-      [--workers 2] [--select] [--select-setting warmup ramp]
+      [--workers 2] [--select] [--select-setting warmup]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
-dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup ramp``
-rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) and the γ ramp
-(``labeler.gamma_ramp``: 1 or 10) the same way (``--select-warmup`` = ``--select-setting warmup``).
+dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup``
+rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) the same way
+(``--select-warmup`` is the same).
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
 processes and resumed; the tables are rendered from every cached result of the requested grid.
 """
@@ -83,10 +82,6 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # the paper's buffer J = 2048 rows (method.md §4.1) instead of the cached datasets' 512: the OT and τ's update
     # see about half an epoch's novel logits instead of an eighth (a seed-spread candidate; it made τ run away)
     "ncdlr-j2048": {"labeler": {"buffer_size": 2048}},
-    # γ ramped ×10 over the second half of the epochs (labeler.gamma_ramp): the prior's early rise kept, τ pulled back
-    # towards 1 at the end; a guard against a skew held to the end (as J = 2048 and the unseen set of method.md §10 show)
-    "ncdlr-ramp": {"labeler": {"gamma_ramp": 10.0}},
-    "ncdlr-j2048-ramp": {"labeler": {"buffer_size": 2048, "gamma_ramp": 10.0}},
     # the first epoch on the known classes alone, then discovery (optim.known_warmup_epochs; a seed-spread candidate)
     "ncdlr-kw": {"optim": {"known_warmup_epochs": 1.0}},
     "uno-kw": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
@@ -271,19 +266,17 @@ def read_selection(path: Path) -> dict:
 
 
 #: ``--select-setting NAME``: a config key rehearsed on the known classes, its candidates and its default (kept unless
-#: beaten draw by draw by two standard errors). ``warmup``: the known-class warm-up, off against one epoch; ``ramp``:
-#: the paper's constant γ against γ ramped ×10 over the second half of the epochs.
+#: beaten draw by draw by two standard errors). ``warmup``: the known-class warm-up, off against one epoch.
 SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
     "warmup": ("optim.known_warmup_epochs", (0.0, 1.0), 0.0),
-    "ramp": ("labeler.gamma_ramp", (1.0, 10.0), 1.0),
 }
 
 
 def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str) -> dict:
     """The dataset's known-class rehearsal of :data:`SETTING_REHEARSALS` ``[what]`` (the dataset's config, adaptive
     prior, seed 0, :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as
-    select-<what>-<dataset>.json; the choice (under the key's field name, e.g. ``gamma_ramp``) is derived again from
-    the per-draw scores on every read (:func:`choose_candidate`)."""
+    select-<what>-<dataset>.json; the choice (under the key's field name, e.g. ``known_warmup_epochs``) is derived
+    again from the per-draw scores on every read (:func:`choose_candidate`)."""
     key, candidates, default = SETTING_REHEARSALS[what]
     path = selection_path(root, dataset, epochs, what)
     if not path.is_file():
@@ -412,8 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
     parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted(SETTING_REHEARSALS),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
-                             "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), ramp "
-                             "(labeler.gamma_ramp 1 or 10)")
+                             "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")

@@ -12,7 +12,6 @@ SGD in tensor ops, CUDA-graph replay), tested equal to it.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import Tensor, nn
@@ -21,22 +20,6 @@ from ncdlr import labeler_fast
 from ncdlr.method_settings import LabelerConfig
 from ncdlr.ot import ScaledKernel
 from ncdlr.priors import PriorKind, ScalarPrior, build_prior, rank_by_mass
-
-
-def gamma_ramp_factor(ramp: float, progress: float) -> float:
-    """The factor ``γ(p) / γ`` of a ramped divergence weight at training progress ``p ∈ [0, 1]`` (dimensionless).
-
-    ``1`` over the first half of training, then a cosine in ``log γ`` from ``1`` to ``ramp`` at ``p = 1``:
-    ``ramp ** ((1 - cos(π (2p - 1))) / 2)``. The paper keeps γ constant (``ramp = 1``). A ramp leaves the prior's
-    early rise (τ up while the novel clusters form) alone and pulls τ back towards 1 at the end, where a skew held
-    to the last epochs costs the tail classes (docs/results.md, session 12).
-    """
-    if ramp <= 0:
-        raise ValueError(f"gamma ramp must be > 0, got {ramp}")
-    p = min(1.0, max(0.0, progress))
-    if ramp == 1.0 or p <= 0.5:
-        return 1.0
-    return ramp ** ((1.0 - math.cos(math.pi * (2.0 * p - 1.0))) / 2.0)
 
 
 class AdaptiveSelfLabeler(nn.Module):
@@ -51,8 +34,7 @@ class AdaptiveSelfLabeler(nn.Module):
     ``D`` the prior's divergence: ``KL(ν ‖ w)`` with ``ν`` uniform, or ``KL(w(τ̂) ‖ w)`` for ``anchored``.
     ``γ`` keeps this ``/K`` scaling (the paper's γ = 500 was tuned with it); its strength therefore
     grows as K shrinks — small-K problems need a small γ (method.md §4, trap a). ``γ → ∞`` gives the
-    uniform prior (UNO's balanced Sinkhorn). With ``gamma_ramp = R > 1`` the weight in use (``self.gamma``) is
-    ``base_gamma · gamma_ramp_factor(R, p)`` once :meth:`set_progress` is told the training progress ``p``.
+    uniform prior (UNO's balanced Sinkhorn).
 
     ``prior`` names one of :data:`ncdlr.priors.PRIORS` (``adaptive`` | ``uniform`` | ``fixed`` | ``free`` |
     ``bounded`` | ``anchored``), built with ``init_t``, ``fixed_prior`` and ``max_imbalance``; the module is
@@ -75,23 +57,19 @@ class AdaptiveSelfLabeler(nn.Module):
         init_t: float = 0.0,
         fixed_prior: Tensor | None = None,
         max_imbalance: float | None = None,
-        gamma_ramp: float = 1.0,
     ) -> None:
         super().__init__()
         if num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
         self.prior = build_prior(prior, num_clusters, init_t=init_t, fixed_prior=fixed_prior,
                                  max_imbalance=max_imbalance)
-        if eps <= 0 or n_iters < 1 or outer_steps < 1 or gamma < 0 or gamma_ramp < 1:
-            raise ValueError(f"need eps > 0, n_iters >= 1, outer_steps >= 1, gamma >= 0, gamma_ramp >= 1; got {eps}, "
-                             f"{n_iters}, {outer_steps}, {gamma}, {gamma_ramp}")
+        if eps <= 0 or n_iters < 1 or outer_steps < 1 or gamma < 0:
+            raise ValueError(f"need eps > 0, n_iters >= 1, outer_steps >= 1, gamma >= 0; got {eps}, {n_iters}, {outer_steps}, {gamma}")
         self.num_clusters = num_clusters
         self.eps = eps
         self.n_iters = n_iters
         self.outer_steps = outer_steps
-        self.base_gamma = gamma  # γ as configured
-        self.gamma_ramp = gamma_ramp
-        self.gamma = gamma  # γ in use: base_gamma · gamma_ramp_factor(gamma_ramp, progress) (set_progress)
+        self.gamma = gamma
         self.grad_clip = grad_clip
         self.forward_mode = True  # scalar priors: dF/dt by forward mode; False → autograd through objective()
         self.cuda_graphs = True  # scalar priors on CUDA, from the 2nd call (momentum exists): one graph replay per call
@@ -106,12 +84,7 @@ class AdaptiveSelfLabeler(nn.Module):
         true sizes, for ``prior="fixed"`` only; ``max_imbalance = 0`` means none)."""
         return cls(num_clusters, prior=cfg.prior, eps=cfg.eps, n_iters=cfg.n_iters, outer_steps=cfg.outer_steps,
                    gamma=cfg.gamma_for(num_clusters), lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
-                   max_imbalance=cfg.max_imbalance or None, gamma_ramp=cfg.gamma_ramp)
-
-    def set_progress(self, progress: float) -> None:
-        """Set the ``γ`` in use for training progress ``progress ∈ [0, 1]`` (:func:`gamma_ramp_factor`); the train
-        loop calls it at the start of every epoch, so a resumed run recomputes it."""
-        self.gamma = self.base_gamma * gamma_ramp_factor(self.gamma_ramp, progress)
+                   max_imbalance=cfg.max_imbalance or None)
 
     # -- state -------------------------------------------------------------------------------
     @property

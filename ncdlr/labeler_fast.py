@@ -218,8 +218,8 @@ class CapturedCall:
 
 
 class CapturedCalls:
-    """The labeler's captured calls, by shape, ``last``, device, the addresses of ``t`` and its momentum (a
-    state load replaces the momentum tensor, so an old graph is never replayed) and ``γ``; the ``capacity`` most
+    """The labeler's captured calls, by shape, ``last``, device and the addresses of ``t`` and its momentum (a
+    state load replaces the momentum tensor, so an old graph is never replayed); the ``capacity`` most
     recently used are kept."""
 
     def __init__(self, capacity: int = 4) -> None:
@@ -236,8 +236,7 @@ class CapturedCalls:
         """Replay the call for ``scores [N, K]`` (captured on first use): detached (labels, ``F``, ``w``), which
         the next replay overwrites."""
         t = labeler.prior.t
-        key = (tuple(scores.shape), last, scores.device, t.data_ptr(), momentum_buffer(labeler._optimizer, t).data_ptr(),
-               labeler.gamma)  # γ is baked into the graph: a ramped γ (changed once per epoch) is another call
+        key = (tuple(scores.shape), last, scores.device, t.data_ptr(), momentum_buffer(labeler._optimizer, t).data_ptr())
         call = self._calls.pop(key, None) or CapturedCall(labeler, scores.shape, last, scores.device)
         self._calls[key] = call  # most recently used last
         while len(self._calls) > self.capacity:

@@ -26,7 +26,6 @@ class LabelerConfig:
     outer_steps: int = 10  #: L, alternations of (solve Y, step on t) per training step
     gamma: float = 500.0  #: γ, weight of KL(ν‖w)/Ku; tune per Ku (method.md §4 trap a)
     gamma_per_cluster: float = 0.0  #: > 0: γ = gamma_per_cluster · Ku, from the run's Ku (γ/Ku is what transfers across datasets); 0: gamma as given; a later gamma resets it
-    gamma_ramp: float = 1.0  #: ≥ 1: γ grows by this factor over the second half of training (cosine in log γ, set per epoch), pulling τ back towards 1 at the end; 1: the paper's constant γ
     lr: float = 0.1  #: SGD learning rate of t
     momentum: float = 0.99  #: SGD momentum of t
     init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)

@@ -9,7 +9,7 @@ import torch
 from ncdlr.data.longtail import long_tail_counts
 from ncdlr.metrics import cluster_accuracy
 from ncdlr import labeler_fast
-from ncdlr.labeler import AdaptiveSelfLabeler, gamma_ramp_factor
+from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.method_settings import LabelerConfig
 from ncdlr.ot import ScaledKernel
 from ncdlr.priors import bounded_cluster_prior, cluster_prior, rank_by_mass
@@ -147,7 +147,6 @@ def test_identical_inputs_give_identical_labels_and_tau():
         ({"eps": 0.0}, "eps > 0"),
         ({"prior": "fixed"}, "fixed_prior"),
         ({"prior": "fixed", "fixed_prior": torch.ones(3)}, "fixed_prior"),
-        ({"gamma_ramp": 0.5}, "gamma_ramp >= 1"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(kwargs, message):
@@ -165,8 +164,7 @@ def test_from_config_takes_every_labeler_field_of_the_config():
              "momentum": optimiser["momentum"] == 0.9, "init_t": float(labeler.prior.t.detach()) == 0.5,
              "max_imbalance": float(labeler.prior.anchor[0] / labeler.prior.anchor[-1]) == pytest.approx(12.0),
              "gamma_per_cluster": AdaptiveSelfLabeler.from_config(
-                 LabelerConfig(gamma=3.0, gamma_per_cluster=0.25), 20).gamma == 5.0,  # 0.25 · Ku, over gamma
-             "gamma_ramp": AdaptiveSelfLabeler.from_config(LabelerConfig(gamma_ramp=4.0), 20).gamma_ramp == 4.0}
+                 LabelerConfig(gamma=3.0, gamma_per_cluster=0.25), 20).gamma == 5.0}  # 0.25 · Ku, over gamma
     assert all(taken.values()), taken
     labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer"}  # the discovery step's
     assert set(taken) == labeler_fields
@@ -174,32 +172,6 @@ def test_from_config_takes_every_labeler_field_of_the_config():
     sizes = torch.arange(1.0, 21.0)
     fixed = AdaptiveSelfLabeler.from_config(LabelerConfig(prior="fixed"), 20, fixed_prior=sizes)
     assert fixed.imbalance_factor == pytest.approx(20.0)
-
-
-def test_gamma_ramp_is_flat_over_the_first_half_then_rises_to_the_factor():
-    progress = torch.linspace(0, 1, 21).tolist()
-    factors = [gamma_ramp_factor(10.0, p) for p in progress]
-    assert factors[:11] == [1.0] * 11  # p ≤ 1/2: the paper's γ
-    assert all(b > a for a, b in zip(factors[10:], factors[11:]))  # then strictly rising
-    assert factors[-1] == pytest.approx(10.0)
-    assert gamma_ramp_factor(10.0, 0.75) == pytest.approx(10.0 ** 0.5)  # half-way in log γ
-    assert gamma_ramp_factor(10.0, 3.0) == pytest.approx(10.0)  # progress is clamped to [0, 1]
-    assert {gamma_ramp_factor(1.0, p) for p in progress} == {1.0}  # no ramp: constant γ
-    with pytest.raises(ValueError, match="gamma ramp must be > 0"):
-        gamma_ramp_factor(0.0, 0.9)
-
-
-def test_set_progress_sets_the_gamma_in_use_and_pulls_tau_back():
-    scores, _, _ = long_tailed_scores(4)
-    ramped, constant = AdaptiveSelfLabeler(20, gamma=1.0, gamma_ramp=1000.0), AdaptiveSelfLabeler(20, gamma=1.0)
-    ramped.set_progress(0.3)
-    assert ramped.gamma == 1.0 and ramped.base_gamma == 1.0
-    run(ramped, scores), run(constant, scores)
-    assert ramped.imbalance_factor == pytest.approx(constant.imbalance_factor)  # same γ, same path
-    ramped.set_progress(1.0)
-    assert ramped.gamma == pytest.approx(1000.0) and ramped.base_gamma == 1.0
-    run(ramped, scores, calls=60), run(constant, scores, calls=60)
-    assert ramped.imbalance_factor < 1 + 0.5 * (constant.imbalance_factor - 1)  # the larger γ pulls τ towards 1
 
 
 def test_wrong_number_of_clusters_in_scores_is_a_clear_error():

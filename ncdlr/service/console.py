@@ -178,7 +178,7 @@ class EpochLog:
             f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
             f"({metrics['steps_per_s']:.2f} steps/s, data wait {metrics.get('data_share', 0.0):.0%}{start_up})"
             + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""))
-        for key in ("loss", "loss_s", "loss_u", "tau", "gamma", "lr", "bad_images", "steps_per_s", "data_share"):
+        for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share"):
             if key in metrics:
                 self.writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
         self.writer.flush()

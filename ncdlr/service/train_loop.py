@@ -191,11 +191,8 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
 
 def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimConfig, on_step=None
               ) -> dict[str, float]:
-    """Train over ``batches``; return epoch means of the step stats, phase shares, ``steps_per_s``, the epoch's
-    start-up (``first_batch_s``: waiting for the first batch, ``first_step_s``: the first step) and, for methods
-    with a labeler, the ``gamma`` it used (set at the epoch's start from ``labeler.gamma_ramp``)."""
-    if state.labeler is not None:  # a ramped γ (labeler.gamma_ramp) follows the epoch: recomputed on resume too
-        state.labeler.set_progress(state.epoch / max(1, optim.epochs - 1))
+    """Train over ``batches``; return epoch means of the step stats, phase shares, ``steps_per_s`` and the
+    epoch's start-up: ``first_batch_s`` (waiting for the first batch) and ``first_step_s`` (the first step)."""
     times = StepTimes()
     first: list[float] = []
     sums: dict[str, float] = {}
@@ -231,8 +228,6 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimCo
     out["first_batch_s"], out["first_step_s"] = first or [0.0, 0.0]
     out.update({"steps": float(steps), "steps_per_s": steps / max(elapsed, 1e-9), "epoch": float(state.epoch),
                 "tau": state.method.imbalance_factor, "lr": state.scheduler.get_last_lr()[0]})
-    if state.labeler is not None:
-        out["gamma"] = state.labeler.gamma
     return out
 
 

@@ -114,10 +114,3 @@ def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negativ
         load_config(None, ["--known-warmup-epochs", "-1"])
     with pytest.raises(ConfigError, match="leaves none of the 2 epochs"):
         load_config(None, ["--epochs", "2", "--known-warmup-epochs", "2"])
-
-
-def test_gamma_ramp_is_read_from_the_command_line_and_refuses_a_factor_below_one():
-    assert load_config(None, ["--gamma-ramp", "10"]).labeler.gamma_ramp == 10.0
-    assert load_config(None, []).labeler.gamma_ramp == 1.0  # the paper's constant γ unless asked
-    with pytest.raises(ConfigError, match="labeler.gamma_ramp"):
-        load_config(None, ["--gamma-ramp", "0.5"])

@@ -91,17 +91,6 @@ def test_known_warmup_trains_the_known_classes_alone_then_self_labeling_starts_o
     assert joint["loss_u"] > 0 and state.labeler.imbalance_factor != pytest.approx(2.0)
 
 
-def test_a_ramped_gamma_is_set_at_each_epoch_start_and_reported(splits):
-    """``labeler.gamma_ramp``: γ constant over the first half of the epochs, then up to ``ramp · γ`` in the last."""
-    cfg = small_config()
-    cfg.optim.epochs, cfg.labeler.gamma_ramp, cfg.data.max_steps_per_epoch = 5, 8.0, 3
-    state = new_state(cfg, splits)
-    used = [run_epoch(state, batches(splits, cfg, epoch), cfg.optim)["gamma"] for epoch in range(5)]
-    assert used[:3] == [5.0, 5.0, 5.0]  # progress 0, 1/4, 1/2
-    assert 5.0 < used[3] < 40.0 and used[4] == pytest.approx(40.0)  # the last epoch trains with 8 · γ
-    assert state.labeler.base_gamma == 5.0
-
-
 def test_invalid_rows_are_left_out_of_the_ot_problem_and_counted():
     torch.manual_seed(0)
     scores = torch.randn(2, 6, KU).clamp(-1, 1)
@@ -302,14 +291,13 @@ def _train(state, cfg, splits, epochs):
     history = []
     for _ in range(epochs):
         metrics = run_epoch(state, batches(splits, cfg, state.epoch), cfg.optim)
-        history.append({k: metrics[k] for k in ("loss", "loss_s", "loss_u", "tau", "lr", "gamma")})
+        history.append({k: metrics[k] for k in ("loss", "loss_s", "loss_u", "tau", "lr")})
     return history
 
 
 def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path):
     cfg = small_config()
     cfg.data.max_steps_per_epoch = 5
-    cfg.labeler.gamma_ramp = 4.0  # the last epoch's γ is ramped: a resumed run must recompute it
     full = new_state(cfg, splits)
     full_history = _train(full, cfg, splits, 3)
 
