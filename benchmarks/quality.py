@@ -27,7 +27,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   prototypes + CE + buffer + uniform prior = ladder "+buffer"), ncdlr-nobuffer, ncdlr-learnable, ncdlr-ce,
   ncdlr-true (fixed true novel counts), ncdlr-free; ncdlr-anchored (ours: KL towards w(τ̂), τ̂ = the known
   classes' imbalance, instead of towards uniform); ncdlr-kw and uno-kw (the first epoch on the known classes
-  alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512).
+  alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512); ncdlr-m09
+  and ncdlr-j2048-m09 (τ's SGD momentum 0.9 instead of 0.99).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
@@ -82,6 +83,11 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # the paper's buffer J = 2048 rows (method.md §4.1) instead of the cached datasets' 512: the OT and τ's update
     # see about half an epoch's novel logits instead of an eighth (a seed-spread candidate; it made τ run away)
     "ncdlr-j2048": {"labeler": {"buffer_size": 2048}},
+    # τ's optimiser with momentum 0.9 instead of the authors' 0.99: with L = 10 alternations per step, 0.99 carries a
+    # velocity of up to lr·g/(1 − m) = 10·g per alternation for ~100 alternations (10 steps), so τ overshoots (J = 2048:
+    # 1.4 → 26 within a fifth of an epoch); 0.9 damps that within one step (a seed-spread and runaway candidate)
+    "ncdlr-m09": {"labeler": {"momentum": 0.9}},
+    "ncdlr-j2048-m09": {"labeler": {"buffer_size": 2048, "momentum": 0.9}},
     # the first epoch on the known classes alone, then discovery (optim.known_warmup_epochs; a seed-spread candidate)
     "ncdlr-kw": {"optim": {"known_warmup_epochs": 1.0}},
     "uno-kw": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
