@@ -35,11 +35,11 @@ Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
       [--features /work/cache/openclipart-lt-lite0-160.parquet] [--activations /work/cache/oc-lite0-160-b1-v8] \\
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
-      [--workers 2] [--select] [--select-setting warmup]
+      [--workers 2] [--select] [--select-setting warmup momentum]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
-dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup``
-rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) the same way
-(``--select-warmup`` is the same).
+dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup
+momentum`` rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) and τ's momentum
+(``labeler.momentum``: 0.99 or 0.9) the same way (``--select-warmup`` = ``--select-setting warmup``).
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
 processes and resumed; the tables are rendered from every cached result of the requested grid.
 """
@@ -272,9 +272,11 @@ def read_selection(path: Path) -> dict:
 
 
 #: ``--select-setting NAME``: a config key rehearsed on the known classes, its candidates and its default (kept unless
-#: beaten draw by draw by two standard errors). ``warmup``: the known-class warm-up, off against one epoch.
+#: beaten draw by draw by two standard errors). ``warmup``: the known-class warm-up, off against one epoch;
+#: ``momentum``: τ's SGD momentum, the authors' 0.99 against 0.9.
 SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
     "warmup": ("optim.known_warmup_epochs", (0.0, 1.0), 0.0),
+    "momentum": ("labeler.momentum", (0.99, 0.9), 0.99),
 }
 
 
@@ -411,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
     parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted(SETTING_REHEARSALS),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
-                             "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1)")
+                             "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
+                             "(labeler.momentum 0.99 or 0.9)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
