@@ -24,25 +24,19 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from ncdlr.data.features import read_class_summary, read_feature_table
-from ncdlr.metrics import head_medium_tail, hungarian_mapping
-
 HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
 
-
-def quality_module():
-    """``benchmarks/quality.py`` as a module (the cell paths and the datasets' tables)."""
-    spec = importlib.util.spec_from_file_location("quality", HERE / "quality.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import quality  # noqa: E402  (the cell paths and the datasets' tables)
+from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
+from ncdlr.metrics import head_medium_tail, hungarian_mapping  # noqa: E402
 
 
 def correct_per_image(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
@@ -81,7 +75,6 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    quality = quality_module()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=["openclipart-cached-p1"], choices=sorted(quality.CACHED))
     parser.add_argument("--variants", nargs="+", default=["ncdlr", "uno"])

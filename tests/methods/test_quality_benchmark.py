@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fixtures.benchmarks import load_benchmark
 
 
 def load_quality():
-    spec = importlib.util.spec_from_file_location("quality", ROOT / "benchmarks" / "quality.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("quality")
 
 
 def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path):

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_seed_spread():
-    spec = importlib.util.spec_from_file_location("seed_spread", ROOT / "benchmarks" / "seed_spread.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.fixtures.benchmarks import load_benchmark
 
 
 def test_one_tail_image_that_flips_carries_the_whole_spread():
     """Known classes 0, 1; novel 2..5 (training counts 40, 30, 20, 10: head 2, medium 3 and 4, tail 5). Two seeds
     agree on every image but one of the tail class's two test images."""
-    seed_spread = load_seed_spread()
+    seed_spread = load_benchmark("seed_spread")
     y_true = np.array([0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5])
     train_counts = [50, 50, 40, 30, 20, 10]
     right = y_true.copy()
