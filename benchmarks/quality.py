@@ -184,7 +184,7 @@ def novel_clustering(run, splits: FeatureSplits) -> tuple[dict[str, float], np.n
     logits = run.method.predict_logits(run.model, embed(run.model, splits.features["novel"]))[:, ks:]
     run.model.train(was_training)
     pred = logits.argmax(1).numpy()
-    return cluster_accuracy(y, pred, 0, train_counts=np.bincount(y, minlength=splits.num_novel).tolist()), pred
+    return cluster_accuracy(y, pred, 0, train_counts=splits.train_counts()[ks:]), pred
 
 
 def test_predictions(run, splits: FeatureSplits) -> list[int]:

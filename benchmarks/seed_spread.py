@@ -36,14 +36,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import quality  # noqa: E402  (the cell paths and the datasets' tables)
 from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
-from ncdlr.metrics import head_medium_tail, hungarian_mapping  # noqa: E402
-
-
-def correct_per_image(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
-    """``[N]`` bool: image ``i`` is right under the one Hungarian matching over all classes (as
-    :func:`ncdlr.metrics.cluster_accuracy` scores it)."""
-    mapping = hungarian_mapping(y_true, y_pred)
-    return np.array([mapping.get(int(p), -1) for p in y_pred]) == y_true
+from ncdlr.metrics import correct_under_matching, head_medium_tail  # noqa: E402
 
 
 def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: list[dict]) -> dict[str, float]:
@@ -51,7 +44,7 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
     ``test_pred [N]`` and ``novel_train``); accuracies in %, ``y_true [N]`` the test labels."""
     novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
     groups = head_medium_tail(novel_classes, train_counts)
-    correct = np.stack([correct_per_image(y_true, np.asarray(c["test_pred"])) for c in cells])  # [S, N]
+    correct = np.stack([correct_under_matching(y_true, c["test_pred"]) for c in cells])  # [S, N]
     per_class = np.stack([correct[:, y_true == c].mean(1) for c in novel_classes], axis=1) * 100  # [S, Ku]
     novel = per_class.mean(1)
     index = {c: i for i, c in enumerate(novel_classes)}

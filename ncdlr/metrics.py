@@ -38,6 +38,14 @@ def head_medium_tail(class_ids: Sequence[int], train_counts: Sequence[int]) -> d
     return {"head": ids[:n_edge], "medium": ids[n_edge : len(ids) - n_edge], "tail": ids[len(ids) - n_edge :]}
 
 
+def correct_under_matching(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``[N]`` bool: whether each prediction is right under the one Hungarian matching of predicted to true labels
+    (:func:`hungarian_mapping`); a prediction of an unmatched cluster is wrong."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    mapping = hungarian_mapping(y_true, y_pred)
+    return np.array([mapping.get(int(p), -1) for p in np.asarray(y_pred)], dtype=np.int64) == y_true
+
+
 def cluster_accuracy(
     y_true: Sequence[int] | np.ndarray,
     y_pred: Sequence[int] | np.ndarray,
@@ -59,9 +67,7 @@ def cluster_accuracy(
         each 3:4:3 group of :func:`head_medium_tail`). A group with no test class is NaN.
     """
     y_true = np.asarray(y_true, dtype=np.int64)
-    mapping = hungarian_mapping(y_true, y_pred)
-    mapped = np.array([mapping.get(int(p), -1) for p in np.asarray(y_pred)], dtype=np.int64)
-    correct = mapped == y_true
+    correct = correct_under_matching(y_true, y_pred)
     classes = np.unique(y_true)
     per_class = {int(c): float(correct[y_true == c].mean()) for c in classes}
 

@@ -9,12 +9,8 @@ import torch
 from tests.fixtures.benchmarks import load_benchmark
 
 
-def load_quality():
-    return load_benchmark("quality")
-
-
 def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path):
-    quality = load_quality()
+    quality = load_benchmark("quality")
     threads = torch.get_num_threads()
     try:
         code = quality.main(["--datasets", "synthetic", "--seeds", "1", "--variants", "uno", "ncdlr", "--epochs", "2",
@@ -40,7 +36,7 @@ def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path)
 
 
 def test_quality_rewrites_only_the_generated_block(tmp_path):
-    quality = load_quality()
+    quality = load_benchmark("quality")
     doc = tmp_path / "results.md"
     begin, end = quality.markers()
     doc.write_text(f"# Title\n\nanalysis above\n\n{begin}\nold table\n{end}\n\nanalysis below\n")
@@ -51,7 +47,7 @@ def test_quality_rewrites_only_the_generated_block(tmp_path):
 
 
 def test_select_runs_the_datasets_rehearsal_once_and_the_val_variant_trains_with_its_choice(tmp_path):
-    quality = load_quality()
+    quality = load_benchmark("quality")
     threads = torch.get_num_threads()
     cells = tmp_path / "cells"
     try:
@@ -78,7 +74,7 @@ def test_select_runs_the_datasets_rehearsal_once_and_the_val_variant_trains_with
 
 
 def test_workers_split_the_grid_over_processes_and_render_every_cell(tmp_path):
-    quality = load_quality()
+    quality = load_benchmark("quality")
     threads = torch.get_num_threads()
     cells = tmp_path / "cells"
     try:
@@ -95,7 +91,7 @@ def test_workers_split_the_grid_over_processes_and_render_every_cell(tmp_path):
 
 
 def test_select_setting_rehearses_the_warm_up_once_and_reads_each_choice_from_the_draws(tmp_path):
-    quality = load_quality()
+    quality = load_benchmark("quality")
     threads = torch.get_num_threads()
     cells = tmp_path / "cells"
     try:
