@@ -12,7 +12,6 @@ SGD in tensor ops, CUDA-graph replay), tested equal to it.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import Tensor, nn
@@ -21,20 +20,6 @@ from ncdlr import labeler_fast
 from ncdlr.method_settings import LabelerConfig
 from ncdlr.ot import ScaledKernel
 from ncdlr.priors import PriorKind, ScalarPrior, build_prior, rank_by_mass
-
-
-def limit_tau_change(prior: ScalarPrior, optimizer: torch.optim.SGD, start: Tensor, max_step: float) -> None:
-    """Pull the prior's ``t`` back so that ``|log τ - start| ≤ max_step`` (``start``: 0-d ``log τ`` before the call;
-    ``max_step`` in nats of ``τ``), and zero ``t``'s SGD momentum where the bound held; in place, tensor ops only
-    (no host synchronisation)."""
-    now, _ = prior.log_tau(torch.float64)
-    kept = now.clamp(min=start - max_step, max=start + max_step)  # between start and now: inside the prior's range
-    hit = kept != now
-    t = prior.t
-    t.data.copy_(torch.where(hit, prior.t_at(kept), t.detach().to(torch.float64)).to(t.dtype))
-    buf = labeler_fast.momentum_buffer(optimizer, t)
-    if buf is not None:
-        buf.mul_((~hit).to(buf.dtype))
 
 
 class AdaptiveSelfLabeler(nn.Module):
@@ -53,12 +38,7 @@ class AdaptiveSelfLabeler(nn.Module):
 
     ``prior`` names one of :data:`ncdlr.priors.PRIORS` (``adaptive`` | ``uniform`` | ``fixed`` | ``free`` |
     ``bounded`` | ``anchored``), built with ``init_t``, ``fixed_prior`` and ``max_imbalance``; the module is
-    ``self.prior``.
-
-    ``max_tau_change = c > 1`` (scalar priors; None: no limit, the paper) bounds how fast the prior may move: one
-    call changes ``τ`` by at most the factor ``c ** (n / N)`` (:func:`limit_tau_change`), ``n`` the call's new rows
-    (``last``) of the ``N`` solved, so ``τ`` changes by at most ``c`` per turnover of the buffer the prior is fitted
-    to. Where the bound holds the optimiser's momentum is zeroed (no wind-up against the bound). The learned parameter and its SGD state persist across calls and are part of
+    ``self.prior``. The learned parameter and its SGD state persist across calls and are part of
     ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
     gathered problem stay in lock-step.
     """
@@ -77,13 +57,10 @@ class AdaptiveSelfLabeler(nn.Module):
         init_t: float = 0.0,
         fixed_prior: Tensor | None = None,
         max_imbalance: float | None = None,
-        max_tau_change: float | None = None,
     ) -> None:
         super().__init__()
         if num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
-        if max_tau_change is not None and not max_tau_change > 1:
-            raise ValueError(f"max_tau_change must be > 1 (a factor of τ per buffer turnover) or None, got {max_tau_change!r}")
         self.prior = build_prior(prior, num_clusters, init_t=init_t, fixed_prior=fixed_prior,
                                  max_imbalance=max_imbalance)
         if eps <= 0 or n_iters < 1 or outer_steps < 1 or gamma < 0:
@@ -94,7 +71,6 @@ class AdaptiveSelfLabeler(nn.Module):
         self.outer_steps = outer_steps
         self.gamma = gamma
         self.grad_clip = grad_clip
-        self.max_tau_change = max_tau_change
         self.forward_mode = True  # scalar priors: dF/dt by forward mode; False → autograd through objective()
         self.cuda_graphs = True  # scalar priors on CUDA, from the 2nd call (momentum exists): one graph replay per call
         self._graphs = labeler_fast.CapturedCalls()
@@ -108,7 +84,7 @@ class AdaptiveSelfLabeler(nn.Module):
         true sizes, for ``prior="fixed"`` only; ``max_imbalance = 0`` means none)."""
         return cls(num_clusters, prior=cfg.prior, eps=cfg.eps, n_iters=cfg.n_iters, outer_steps=cfg.outer_steps,
                    gamma=cfg.gamma_for(num_clusters), lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
-                   max_imbalance=cfg.max_imbalance or None, max_tau_change=cfg.max_tau_change or None)
+                   max_imbalance=cfg.max_imbalance or None)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -160,8 +136,6 @@ class AdaptiveSelfLabeler(nn.Module):
         if scores.shape[0] == 0:
             raise ValueError("scores must have at least one row")
         fast = self._optimizer is not None and isinstance(self.prior, ScalarPrior) and self.forward_mode
-        limited = self.max_tau_change is not None and self._optimizer is not None and isinstance(self.prior, ScalarPrior)
-        start = self.prior.log_tau(torch.float64)[0] if limited else None  # s = log τ before this call's steps
         if (fast and scores.is_cuda and self.cuda_graphs
                 and labeler_fast.momentum_buffer(self._optimizer, self.prior.t) is not None):
             if not torch.isfinite(scores).all():  # checked before the replay, which updates t
@@ -173,9 +147,6 @@ class AdaptiveSelfLabeler(nn.Module):
             if not torch.isfinite(kernel.log_mass).all():  # any NaN/inf score reaches its column's mass
                 raise ValueError("scores must be finite (NaN or inf found)")
             labels, value, w = labeler_fast.solve_scalar(self, kernel, last) if fast else self._solve_autograd(kernel, last)
-        if limited:
-            new_rows = scores.shape[0] if last is None else min(last, scores.shape[0])
-            limit_tau_change(self.prior, self._optimizer, start, math.log(self.max_tau_change) * new_rows / scores.shape[0])
         self.last_prior = w
         self.last_objective = float(value)
         return labels

@@ -31,7 +31,6 @@ class LabelerConfig:
     init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
     buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
     use_buffer: bool = True  #: off → solve on the current gathered batch only
-    max_tau_change: float = 0.0  #: > 1: τ changes by at most this factor per buffer turnover (J new rows), momentum zeroed at the bound, a guard against τ's early spike; 0: no limit (the paper)
     max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
 
     def gamma_for(self, num_clusters: int) -> float:

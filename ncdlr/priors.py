@@ -172,11 +172,6 @@ class ScalarPrior(ClusterPrior):
     def log_tau(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(s, ds/dt)`` at the current ``t``, ``s = log τ``: detached scalars of ``dtype``."""
 
-    @abc.abstractmethod
-    def t_at(self, log_tau: Tensor) -> Tensor:
-        """The ``t`` at which ``s = log τ`` equals ``log_tau`` (0-d; the inverse of :meth:`log_tau`'s ``s``, which is
-        increasing in ``t``); ``log_tau`` must lie in the prior's range of ``s``."""
-
     def marginal(self, rank_of_cluster: Tensor) -> Tensor:
         return self.ranked()[rank_of_cluster]
 
@@ -208,9 +203,6 @@ class AdaptivePrior(ScalarPrior):
     def log_tau(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         t = self.t.detach().to(dtype)
         return F.softplus(t), torch.sigmoid(t)
-
-    def t_at(self, log_tau: Tensor) -> Tensor:
-        return torch.log(torch.expm1(log_tau))  # s = log(1 + e^t), s > 0
 
     def imbalance_factor(self, last_marginal: Tensor) -> float:
         return 1.0 + math.exp(float(self.t.detach()))
@@ -244,9 +236,6 @@ class BoundedPrior(ScalarPrior):
         sig = torch.sigmoid(t)
         scale = math.log(self.max_imbalance)
         return scale * sig, scale * sig * (1 - sig)
-
-    def t_at(self, log_tau: Tensor) -> Tensor:
-        return torch.logit(log_tau / math.log(self.max_imbalance))  # s = log(τ_max) sigmoid(t), 0 < s < log τ_max
 
     def imbalance_factor(self, last_marginal: Tensor) -> float:
         return self.max_imbalance ** float(torch.sigmoid(self.t.detach()))

@@ -184,15 +184,13 @@ def _choices(key: str) -> tuple[str, ...] | None:
 
 
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
-                              "labeler.gamma_per_cluster": 0.0, "labeler.max_tau_change": 0.0,
+                              "labeler.gamma_per_cluster": 0.0,
                               "optim.known_warmup_epochs": 0.0}  #: numeric keys with a lower bound
 
 
 def _check_choice(key: str, value: Any) -> None:
     if key in _MINIMUM and value < _MINIMUM[key]:
         raise ConfigError(f"config key {key!r}: must be >= {_MINIMUM[key]:g}, got {value!r}")
-    if key == "labeler.max_tau_change" and 0 < value <= 1:
-        raise ConfigError(f"config key {key!r}: a factor > 1, or 0 for no limit; got {value!r}")
     if key == "model.num_novel":
         if value != "auto" and not (value.isdigit()):
             raise ConfigError(f"config key {key!r}: expected 'auto' or a non-negative integer "

@@ -108,14 +108,6 @@ def test_gamma_per_cluster_scales_with_ku_and_a_later_gamma_wins(tmp_path):
         load_config(None, ["--gamma-per-cluster", "-1"])
 
 
-def test_max_tau_change_is_a_factor_above_one_or_zero_for_none():
-    assert load_config(None, ["--max-tau-change", "2"]).labeler.max_tau_change == 2.0
-    assert load_config(None, []).labeler.max_tau_change == 0.0
-    for bad in ("0.5", "1", "-2"):
-        with pytest.raises(ConfigError, match="labeler.max_tau_change"):
-            load_config(None, ["--max-tau-change", bad])
-
-
 def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negative_count():
     assert load_config(None, ["--known-warmup-epochs", "1.5"]).optim.known_warmup_epochs == 1.5
     with pytest.raises(ConfigError, match="optim.known_warmup_epochs"):
