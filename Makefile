@@ -35,11 +35,15 @@ browser:
 	    || echo "warning: could not install chromium-headless-shell; the browser tests will skip"; \
 	else echo "no Chromium on PATH and no root apt-get: the browser tests will skip"; fi
 
+# The suite runs in TEST_WORKERS pytest-xdist processes: its end-to-end tests wait on Ray start-up and actor
+# scheduling more than they compute, so two of them share 2 cores well (docs/benchmarks.md, "Test suite").
+TEST_WORKERS ?= 2
+
 test: $(STAMP) browser
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_ot.py
