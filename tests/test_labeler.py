@@ -278,3 +278,18 @@ def test_a_labeler_state_saved_before_the_priors_became_modules_still_loads():
     restored.load_state_dict(legacy)
     assert torch.equal(restored.prior.t, trained.prior.t)
     assert torch.equal(restored(scores), trained(scores))
+
+
+def test_the_settled_tau_does_not_depend_on_how_many_rows_are_solved():
+    """For rows drawn from one distribution, τ settles at the same value whether the problem holds 512 or 2048
+    rows (the buffer size J). So the J = 2048 runs' high τ (9–13 against 1–5 with J = 512, docs/results.md,
+    session 13) comes from the training feedback, not from how the objective scales with N."""
+    scores, _, _ = long_tailed_scores(0, ratio=50, noise=1.2)
+    g = torch.Generator().manual_seed(0)
+    settled = []
+    for n in (512, 2048):
+        rows = scores[torch.randint(0, scores.shape[0], (n,), generator=g)]
+        labeler = AdaptiveSelfLabeler(20, gamma=3.0)
+        run(labeler, rows, calls=150)
+        settled.append(labeler.imbalance_factor)
+    assert settled[0] > 3 and settled[1] == pytest.approx(settled[0], rel=0.1), settled
