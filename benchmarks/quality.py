@@ -20,6 +20,8 @@ Datasets
   openclipart-cached-p1  the same, on a second class partition of the same images (``ncdlr prepare openclipart
                --seed 1``: other classes are novel, other test images): a check that a choice made on the first
                partition is not a choice made for it.
+  openclipart-cached-p2  a third partition (``--seed 2``), drawn after every default was fixed: nothing was ever
+               chosen on it.
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -101,7 +103,8 @@ LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdl
           ("+ASL bounded, γ by known-class rehearsal (ours)", "ncdlr-valgamma"),
           ("+ASL, γ or uniform by the dataset's known-class rehearsal", "ncdlr-val"))
 #: activation-cache datasets and their default cache folders
-CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8"}
+CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8",
+          "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8"}
 COLUMNS = ("all", "known", "novel", "novel_head", "novel_medium", "novel_tail")
 
 
@@ -379,7 +382,7 @@ def child_arguments(args: argparse.Namespace) -> list[str]:
     """The grid of ``args`` as command-line arguments (no --workers, --out or --select)."""
     out = ["--datasets", *args.datasets, "--variants", *args.variants, "--seeds", str(args.seeds),
            "--features", args.features, "--activations", args.activations, "--activations-p1", args.activations_p1,
-           "--results", str(args.results)]
+           "--activations-p2", args.activations_p2, "--results", str(args.results)]
     if args.epochs:
         out += ["--epochs", str(args.epochs)]
     if args.only_seeds is not None:
@@ -402,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="OpenClipart-LT activation cache (`ncdlr embed ... --trainable-blocks 1 --views 8`)")
     parser.add_argument("--activations-p1", default=CACHED["openclipart-cached-p1"],
                         help="the same for the second class partition (`ncdlr prepare openclipart --seed 1`)")
+    parser.add_argument("--activations-p2", default=CACHED["openclipart-cached-p2"],
+                        help="the same for the third class partition (`ncdlr prepare openclipart --seed 2`)")
     parser.add_argument("--only-seeds", type=int, nargs="+", default=None,
                         help="run only these of the seeds (split a grid over processes; tables use every cached seed)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="per-cell JSON cache")
@@ -443,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.render_only and dataset in CACHED:
             from ncdlr.data.features import read_feature_table
 
-            fixed = read_feature_table(args.activations_p1 if dataset.endswith("-p1") else args.activations)
+            tables = {"openclipart-cached": args.activations, "openclipart-cached-p1": args.activations_p1,
+                      "openclipart-cached-p2": args.activations_p2}
+            fixed = read_feature_table(tables[dataset])
         chosen = None
         if selection_path(args.results, dataset, args.epochs).is_file():
             chosen = read_selection(selection_path(args.results, dataset, args.epochs))
