@@ -35,7 +35,7 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
 
 Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
-      [--features /work/cache/openclipart-lt-lite0-160.parquet] [--activations /work/cache/oc-lite0-160-b1-v8] \\
+      [--features /work/cache/openclipart-lt-lite0-160.parquet] [--table openclipart-cached=/work/cache/oc-lite0-160-b1-v8] \\
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
       [--workers 2] [--select] [--select-setting warmup momentum]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
@@ -105,6 +105,20 @@ LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdl
 #: activation-cache datasets and their default cache folders
 CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8",
           "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8"}
+
+
+def activation_tables(overrides: list[str]) -> dict[str, str]:
+    """Each cached dataset's activation table: :data:`CACHED`, with ``DATASET=URI`` overrides (``--table``)."""
+    bad = [item for item in overrides if "=" not in item]
+    if bad:
+        raise ValueError(f"--table takes DATASET=URI, got {bad[0]!r}")
+    given = dict(item.split("=", 1) for item in overrides)
+    unknown = sorted(set(given) - set(CACHED))
+    if unknown:
+        raise ValueError(f"--table names no cached dataset: {', '.join(unknown)} (known: {', '.join(CACHED)})")
+    return {**CACHED, **given}
+
+
 COLUMNS = ("all", "known", "novel", "novel_head", "novel_medium", "novel_tail")
 
 
@@ -381,8 +395,9 @@ def run_workers(args: argparse.Namespace) -> int:
 def child_arguments(args: argparse.Namespace) -> list[str]:
     """The grid of ``args`` as command-line arguments (no --workers, --out or --select)."""
     out = ["--datasets", *args.datasets, "--variants", *args.variants, "--seeds", str(args.seeds),
-           "--features", args.features, "--activations", args.activations, "--activations-p1", args.activations_p1,
-           "--activations-p2", args.activations_p2, "--results", str(args.results)]
+           "--features", args.features, "--results", str(args.results)]
+    for item in args.table:
+        out += ["--table", item]
     if args.epochs:
         out += ["--epochs", str(args.epochs)]
     if args.only_seeds is not None:
@@ -401,12 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="override every dataset's epochs (smoke runs)")
     parser.add_argument("--features", default="/work/cache/openclipart-lt-lite0-160.parquet",
                         help="OpenClipart-LT feature table from `ncdlr embed --encoder efficientnet_lite0 --image-size 160`")
-    parser.add_argument("--activations", default=CACHED["openclipart-cached"],
-                        help="OpenClipart-LT activation cache (`ncdlr embed ... --trainable-blocks 1 --views 8`)")
-    parser.add_argument("--activations-p1", default=CACHED["openclipart-cached-p1"],
-                        help="the same for the second class partition (`ncdlr prepare openclipart --seed 1`)")
-    parser.add_argument("--activations-p2", default=CACHED["openclipart-cached-p2"],
-                        help="the same for the third class partition (`ncdlr prepare openclipart --seed 2`)")
+    parser.add_argument("--table", action="append", default=[], metavar="DATASET=URI",
+                        help="a cached dataset's activation table (`ncdlr embed ... --trainable-blocks 1 --views 8`), if "
+                             f"not the default folder: {', '.join(f'{k}={v}' for k, v in CACHED.items())}")
     parser.add_argument("--only-seeds", type=int, nargs="+", default=None,
                         help="run only these of the seeds (split a grid over processes; tables use every cached seed)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="per-cell JSON cache")
@@ -429,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
+    try:
+        tables = activation_tables(args.table)
+    except ValueError as err:
+        parser.error(str(err))
     torch.set_num_threads(1)
     args.results.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -448,8 +464,6 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.render_only and dataset in CACHED:
             from ncdlr.data.features import read_feature_table
 
-            tables = {"openclipart-cached": args.activations, "openclipart-cached-p1": args.activations_p1,
-                      "openclipart-cached-p2": args.activations_p2}
             fixed = read_feature_table(tables[dataset])
         chosen = None
         if selection_path(args.results, dataset, args.epochs).is_file():

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", action="append", default=[], metavar="DATASET=URI",
                         help="the dataset's table, if not quality.py's default folder")
     args = parser.parse_args(argv)
-    tables = {**quality.CACHED, **dict(t.split("=", 1) for t in args.table)}
+    tables = quality.activation_tables(args.table)
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
           "| test resolution (binomial SE) | novel test images differing between two seeds (tail) |")
     print("|---|---|---|---|---|---|---|---|")

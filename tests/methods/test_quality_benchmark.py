@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.fixtures.benchmarks import load_benchmark
@@ -110,3 +111,14 @@ def test_select_setting_rehearses_the_warm_up_once_and_reads_each_choice_from_th
     recorded["per_draw"] = {"0.0": [0.3, 0.4, 0.35], "1.0": [0.31, 0.38, 0.36]}  # no clear win: the default stays
     path.write_text(json.dumps(recorded))
     assert quality.setting_selection(cells, "synthetic", None, 2, "warmup")["known_warmup_epochs"] == 0.0
+
+
+def test_table_overrides_name_a_cached_dataset_and_keep_the_other_defaults():
+    quality = load_benchmark("quality")
+    tables = quality.activation_tables(["openclipart-cached-p2=s3://bucket/p2"])
+    assert tables["openclipart-cached-p2"] == "s3://bucket/p2"
+    assert tables["openclipart-cached"] == quality.CACHED["openclipart-cached"]
+    with pytest.raises(ValueError, match="names no cached dataset: openclipart-cached-p9"):
+        quality.activation_tables(["openclipart-cached-p9=/tmp/x"])
+    with pytest.raises(ValueError, match="DATASET=URI"):
+        quality.activation_tables(["/work/cache/oc-p2-lite0-160-b1-v8"])
