@@ -119,6 +119,22 @@ def activation_tables(overrides: list[str]) -> dict[str, str]:
     return {**CACHED, **given}
 
 
+def add_table_argument(parser: argparse.ArgumentParser) -> None:
+    """``--table DATASET=URI`` (repeatable), the one flag that moves a cached dataset's table; this script and
+    seed_spread.py read it back with :func:`parsed_tables`."""
+    parser.add_argument("--table", action="append", default=[], metavar="DATASET=URI",
+                        help="a cached dataset's activation table (`ncdlr embed ... --trainable-blocks 1 --views 8`), if "
+                             f"not the default folder: {', '.join(f'{k}={v}' for k, v in CACHED.items())}")
+
+
+def parsed_tables(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """:func:`activation_tables` of ``args.table``; a bad item ends the script with the parser's usage error."""
+    try:
+        return activation_tables(args.table)
+    except ValueError as err:
+        parser.error(str(err))
+
+
 COLUMNS = ("all", "known", "novel", "novel_head", "novel_medium", "novel_tail")
 
 
@@ -416,9 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="override every dataset's epochs (smoke runs)")
     parser.add_argument("--features", default="/work/cache/openclipart-lt-lite0-160.parquet",
                         help="OpenClipart-LT feature table from `ncdlr embed --encoder efficientnet_lite0 --image-size 160`")
-    parser.add_argument("--table", action="append", default=[], metavar="DATASET=URI",
-                        help="a cached dataset's activation table (`ncdlr embed ... --trainable-blocks 1 --views 8`), if "
-                             f"not the default folder: {', '.join(f'{k}={v}' for k, v in CACHED.items())}")
+    add_table_argument(parser)
     parser.add_argument("--only-seeds", type=int, nargs="+", default=None,
                         help="run only these of the seeds (split a grid over processes; tables use every cached seed)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="per-cell JSON cache")
@@ -441,10 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
-    try:
-        tables = activation_tables(args.table)
-    except ValueError as err:
-        parser.error(str(err))
+    tables = parsed_tables(parser, args)
     torch.set_num_threads(1)
     args.results.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

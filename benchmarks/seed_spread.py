@@ -73,10 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["ncdlr", "uno"])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
-    parser.add_argument("--table", action="append", default=[], metavar="DATASET=URI",
-                        help="the dataset's table, if not quality.py's default folder")
+    quality.add_table_argument(parser)
     args = parser.parse_args(argv)
-    tables = quality.activation_tables(args.table)
+    tables = quality.parsed_tables(parser, args)
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
           "| test resolution (binomial SE) | novel test images differing between two seeds (tail) |")
     print("|---|---|---|---|---|---|---|---|")
