@@ -15,6 +15,12 @@ clustering of the novel training rows (``novel_train``), and the test labels of 
 - **images**: over pairs of seeds, the mean number of novel test images scored right by one seed and wrong by
   the other (each seed under its own Hungarian matching), and of those in the tail classes.
 
+With ``--gap A B`` (two variants) it also prints the **paired gap** A − B of test novel accuracy over the seeds both
+have, with two standard errors (:func:`paired_gap`): the seeds' (the spread of the per-seed differences) and the test
+split's (a bootstrap of the test images within each novel class, the seeds' correctness held fixed) — the second
+is how far the same two models could score apart on another test split of the same size, which more seeds do not
+shrink.
+
 Usage::
 
     .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
@@ -67,11 +73,45 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
     return out
 
 
+def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b: list[dict], draws: int = 2000,
+               seed: int = 0) -> dict[str, float]:
+    """Test novel accuracy of A minus B (class-mean, %), over seeds paired by position (``cells_a[i]`` and
+    ``cells_b[i]`` share seed i; each has ``test_pred [N]``), and its two standard errors:
+
+    - ``seed_se``: ``std(d_s, ddof=1) / sqrt(S)`` of the per-seed gaps ``d_s`` (what more seeds shrink);
+    - ``sample_se``: the std over ``draws`` bootstrap test splits — each novel class's test images drawn again with
+      replacement, as many as it has, the seed-mean gap recomputed on them; each seed's Hungarian matching is held
+      at the one found on the real split (what a larger test split would shrink);
+    - ``total_se``: both together, ``sqrt(seed_se² + sample_se²)``.
+    """
+    if len(cells_a) != len(cells_b) or len(cells_a) < 2:
+        raise ValueError(f"need the same number (≥ 2) of seeds for both, got {len(cells_a)} and {len(cells_b)}")
+    novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
+    diff = np.stack([correct_under_matching(y_true, a["test_pred"]).astype(float)
+                     - correct_under_matching(y_true, b["test_pred"]).astype(float)
+                     for a, b in zip(cells_a, cells_b)])  # [S, N]
+    members = [np.flatnonzero(y_true == c) for c in novel_classes]
+    per_seed = np.stack([diff[:, m].mean(1) for m in members], axis=1).mean(1) * 100  # [S]
+    rng = np.random.default_rng(seed)
+    mean_diff = diff.mean(0)  # [N]: the seed-mean gap per image
+    boot = np.zeros(draws)
+    for m in members:
+        boot += mean_diff[rng.choice(m, size=(draws, len(m)))].mean(1)
+    boot *= 100 / len(members)
+    seed_se = per_seed.std(ddof=1) / np.sqrt(len(per_seed))
+    sample_se = boot.std()
+    return {"gap": per_seed.mean(), "seed_se": seed_se, "sample_se": sample_se,
+            "total_se": float(np.hypot(seed_se, sample_se)), "seeds": len(per_seed)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=["openclipart-cached-p1"], choices=sorted(quality.CACHED))
     parser.add_argument("--variants", nargs="+", default=["ncdlr", "uno"])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+    parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print the paired gap A − B with the seeds' "
+                        "and the test split's standard errors")
+    parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
     quality.add_table_argument(parser)
     args = parser.parse_args(argv)
@@ -95,6 +135,21 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['share_medium']:.2f} / {r['share_tail']:.2f} | {r['resolution']:.1f} | "
                   f"{r['images_differing']:.0f} of {r['novel_test_images']} ({r['tail_images_differing']:.1f} of "
                   f"{r['tail_test_images']}) |")
+        if args.gap:
+            pairs = []
+            for s in range(args.seeds):
+                found = [quality.cell_path(args.results, dataset, v, s, None) for v in args.gap]
+                if all(p.is_file() for p in found):
+                    pair = [json.loads(p.read_text()) for p in found]
+                    if all("test_pred" in c for c in pair):
+                        pairs.append(pair)
+            if len(pairs) < 2:
+                print(f"\n{dataset}: fewer than two seeds with test_pred for both of {' and '.join(args.gap)}")
+                continue
+            g = paired_gap(y_true, num_known, [a for a, _ in pairs], [b for _, b in pairs], draws=args.draws)
+            print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} on the test novel classes, {g['seeds']} paired seeds: "
+                  f"{g['gap']:+.1f} (SE over seeds {g['seed_se']:.1f}, over test images {g['sample_se']:.1f}, "
+                  f"together {g['total_se']:.1f})\n")
     return 0
 
 

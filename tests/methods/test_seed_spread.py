@@ -32,3 +32,36 @@ def test_one_tail_image_that_flips_carries_the_whole_spread():
     p = np.array([1, 2 / 3, 2 / 3, 0.75])
     n = np.array([4, 3, 3, 2])
     assert r["resolution"] == pytest.approx(100 * np.sqrt((p * (1 - p) / n).sum()) / 4)
+
+
+def test_the_paired_gap_has_a_seed_error_and_a_test_split_error():
+    """Known classes 0, 1; novel 2, 3 with four test images each. A is right everywhere. B calls two of class 2's
+    images class 0 (wrong under any matching) in both seeds, and one of class 3's in seed 1 only. Per-seed gaps
+    (class-mean over the two novel classes) 25 and 37.5 points; the test split's bootstrap spread follows from the
+    per-image seed-mean gaps (class 2: 1, 1, 0, 0; class 3: ½, 0, 0, 0) as the std of a mean of n draws."""
+    seed_spread = load_benchmark("seed_spread")
+    y_true = np.array([0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
+    b0 = y_true.copy()
+    b0[[4, 5]] = 0
+    b1 = b0.copy()
+    b1[8] = 1
+    a = {"test_pred": y_true.tolist()}
+    g = seed_spread.paired_gap(y_true, 2, [a, a], [{"test_pred": b0.tolist()}, {"test_pred": b1.tolist()}],
+                               draws=40000, seed=3)
+    assert g["seeds"] == 2 and g["gap"] == pytest.approx(31.25)
+    assert g["seed_se"] == pytest.approx(np.std([25.0, 37.5], ddof=1) / np.sqrt(2))
+    var_class2 = 0.25 / 4  # Bernoulli(½) mean of 4 draws
+    var_class3 = (0.5 ** 2 / 4 - (0.5 / 4) ** 2) / 4
+    expected = 100 * np.sqrt(var_class2 + var_class3) / 2
+    assert g["sample_se"] == pytest.approx(expected, rel=0.03)
+    assert g["total_se"] == pytest.approx(np.hypot(g["seed_se"], g["sample_se"]))
+
+
+def test_the_paired_gap_needs_two_paired_seeds():
+    seed_spread = load_benchmark("seed_spread")
+    y_true = np.array([0, 1, 2, 2])
+    cell = {"test_pred": y_true.tolist()}
+    with pytest.raises(ValueError, match="same number"):
+        seed_spread.paired_gap(y_true, 2, [cell, cell], [cell])
+    with pytest.raises(ValueError, match="≥ 2"):
+        seed_spread.paired_gap(y_true, 2, [cell], [cell])
