@@ -261,7 +261,7 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
     start = time.perf_counter()
     results = evaluate(trained, splits, posthoc=POSTHOC_OF.get(variant, ("none",)), temperature=cfg.method.temperature,
                        seed=seed)
-    novel_train, _ = novel_clustering(trained, splits)
+    novel_train, novel_train_pred = novel_clustering(trained, splits)
     tau = trained.tau_history
     learned_prior = cfg.labeler.prior in ("adaptive", "bounded", "anchored", "free") and cfg.method.name == "ncdlr"
     return {"dataset": dataset, "variant": variant, "seed": seed, "results": results,
@@ -269,7 +269,8 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "tau_history": tau[:: max(1, len(tau) // 50)] if learned_prior else [],
             "train_s": trained.seconds, "cpu_s": time.process_time() - cpu, "eval_s": time.perf_counter() - start, "epochs": cfg.optim.epochs,
             "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance,
-            "trace": epochs_trace, "novel_train": novel_train, "test_pred": test_predictions(trained, splits)}
+            "trace": epochs_trace, "novel_train": novel_train, "novel_train_pred": novel_train_pred.tolist(),
+            "test_pred": test_predictions(trained, splits)}
 
 
 #: the dataset-level rehearsal of ``--select``: candidates (γ/Ku; UNIFORM = the uniform prior), validation draws and
@@ -306,10 +307,11 @@ def read_selection(path: Path) -> dict:
 
 #: ``--select-setting NAME``: a config key rehearsed on the known classes, its candidates and its default (kept unless
 #: beaten draw by draw by two standard errors). ``warmup``: the known-class warm-up, off against one epoch;
-#: ``momentum``: τ's SGD momentum, the authors' 0.99 against 0.9.
+#: ``momentum``: τ's SGD momentum, the authors' 0.99 against 0.9; ``epochs``: the training length, 10 against 20.
 SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
     "warmup": ("optim.known_warmup_epochs", (0.0, 1.0), 0.0),
     "momentum": ("labeler.momentum", (0.99, 0.9), 0.99),
+    "epochs": ("optim.epochs", (10, 20), 10),
 }
 
 
@@ -445,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted(SETTING_REHEARSALS),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
-                             "(labeler.momentum 0.99 or 0.9)")
+                             "(labeler.momentum 0.99 or 0.9), epochs (optim.epochs 10 or 20)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")

@@ -12,6 +12,11 @@ clustering of the novel training rows (``novel_train``), and the test labels of 
 - **resolution**: the binomial standard error of a class-mean accuracy measured on ``n_c`` test images per class,
   ``sqrt(Σ_c p_c (1 − p_c) / n_c) / Ku`` with ``p_c`` the class's accuracy averaged over the seeds — what the
   test split can resolve, whatever the model;
+- **test novel, carried matching** (cells that kept ``novel_train_pred``): the test novel accuracy when each novel
+  cluster is named by the Hungarian matching fitted on the novel *training* rows and the known columns keep their
+  own class (:func:`carried_correct`) — the matching is not fitted on the images it scores, as when a user names
+  the clusters once and then predicts; with a small test split the per-split matching can pick, for each few-image
+  class, whichever cluster happens to hold its images;
 - **images**: over pairs of seeds, the mean number of novel test images scored right by one seed and wrong by
   the other (each seed under its own Hungarian matching), and of those in the tail classes.
 
@@ -42,10 +47,22 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import quality  # noqa: E402  (the cell paths and the datasets' tables)
 from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
-from ncdlr.metrics import correct_under_matching, head_medium_tail  # noqa: E402
+from ncdlr.metrics import correct_under_matching, head_medium_tail, hungarian_mapping  # noqa: E402
 
 
-def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: list[dict]) -> dict[str, float]:
+def carried_correct(y_true: np.ndarray, test_pred, num_known: int, train_novel_labels: np.ndarray,
+                    train_novel_pred) -> np.ndarray:
+    """``[N]`` bool: test predictions ``test_pred [N]`` (over all K columns) scored with the cluster names fitted on
+    the novel training rows: novel column ``Ks + j`` → the true class the Hungarian matching of
+    ``train_novel_pred [M]`` (novel clusters ``0..Ku-1``) to ``train_novel_labels [M]`` (class ids ``≥ Ks``) gives
+    it; known column ``k`` → known class ``k``; an unmatched novel column is wrong."""
+    mapping = hungarian_mapping(np.asarray(train_novel_labels), np.asarray(train_novel_pred) + num_known)
+    named = np.array([p if p < num_known else mapping.get(int(p), -1) for p in np.asarray(test_pred)], dtype=np.int64)
+    return named == np.asarray(y_true)
+
+
+def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: list[dict],
+           train_novel_labels: np.ndarray | None = None) -> dict[str, float]:
     """The measures of the module docstring for one (dataset, variant) over ``cells`` (one per seed, each with
     ``test_pred [N]`` and ``novel_train``); accuracies in %, ``y_true [N]`` the test labels."""
     novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
@@ -58,6 +75,9 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
            "train_novel": np.mean([c["novel_train"]["all"] * 100 for c in cells]),
            "train_novel_std": np.std([c["novel_train"]["all"] * 100 for c in cells])}
     for name, members in groups.items():
+        if not members:  # fewer than four novel classes leave the medium group empty
+            out[f"share_{name}"] = 0.0
+            continue
         acc = per_class[:, [index[c] for c in members]].mean(1)
         cov = np.mean((acc - acc.mean()) * (novel - novel.mean()))
         out[f"share_{name}"] = len(members) / len(novel_classes) * cov / novel.var() if novel.var() > 0 else float("nan")
@@ -70,6 +90,11 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
     out["images_differing"] = np.mean([(correct[a] != correct[b])[novel_rows].sum() for a, b in pairs])
     out["tail_images_differing"] = np.mean([(correct[a] != correct[b])[tail].sum() for a, b in pairs])
     out["novel_test_images"], out["tail_test_images"] = int(novel_rows.sum()), int(tail.sum())
+    if train_novel_labels is not None and all("novel_train_pred" in c for c in cells):
+        carried = np.stack([carried_correct(y_true, c["test_pred"], num_known, train_novel_labels,
+                                            c["novel_train_pred"]) for c in cells])  # [S, N]
+        novel = np.stack([carried[:, y_true == c].mean(1) for c in novel_classes], axis=1).mean(1) * 100  # [S]
+        out["test_novel_carried"], out["test_novel_carried_std"] = novel.mean(), novel.std()
     return out
 
 
@@ -117,24 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
-          "| test resolution (binomial SE) | novel test images differing between two seeds (tail) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| test resolution (binomial SE) | novel test images differing between two seeds (tail) "
+          "| test novel, carried matching |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for dataset in args.datasets:
         num_known, _, _, train_counts = read_class_summary(tables[dataset])
-        y_true = read_feature_table(tables[dataset], splits=("test",)).labels["test"].numpy()
+        labels = read_feature_table(tables[dataset], splits=("test", "novel")).labels
+        y_true, train_novel_labels = labels["test"].numpy(), labels["novel"].numpy()
         for variant in args.variants:
             paths = [quality.cell_path(args.results, dataset, variant, s, None) for s in range(args.seeds)]
             cells = [json.loads(p.read_text()) for p in paths if p.is_file()]
             cells = [c for c in cells if "test_pred" in c]
             if len(cells) < 2:
-                print(f"| {dataset} | {variant} | {len(cells)} | (fewer than two cells with test_pred) | | | | |")
+                print(f"| {dataset} | {variant} | {len(cells)} | (fewer than two cells with test_pred) | | | | | |")
                 continue
-            r = spread(y_true, train_counts, num_known, cells)
+            r = spread(y_true, train_counts, num_known, cells, train_novel_labels)
+            carried = (f"{r['test_novel_carried']:.1f} ± {r['test_novel_carried_std']:.1f}"
+                       if "test_novel_carried" in r else "(cells without novel_train_pred)")
             print(f"| {dataset} | {variant} | {r['seeds']} | {r['test_novel']:.1f} ± {r['test_novel_std']:.1f} | "
                   f"{r['train_novel']:.1f} ± {r['train_novel_std']:.1f} | {r['share_head']:.2f} / "
                   f"{r['share_medium']:.2f} / {r['share_tail']:.2f} | {r['resolution']:.1f} | "
                   f"{r['images_differing']:.0f} of {r['novel_test_images']} ({r['tail_images_differing']:.1f} of "
-                  f"{r['tail_test_images']}) |")
+                  f"{r['tail_test_images']}) | {carried} |")
         if args.gap:
             pairs = []
             for s in range(args.seeds):

@@ -30,6 +30,11 @@ def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path)
     assert cluster_accuracy(splits.labels["test"].numpy(), ncdlr["test_pred"], splits.num_known)["novel"] == \
         ncdlr["results"]["none"]["novel"]
     assert 0 <= ncdlr["novel_train"]["all"] <= 1 and "novel_tail" in ncdlr["novel_train"]
+    # the training rows' clusters themselves, whose accuracy is novel_train's (a matching fitted on them can be
+    # carried to the test split)
+    novel_y = splits.labels["novel"].numpy() - splits.num_known
+    assert len(ncdlr["novel_train_pred"]) == len(novel_y)
+    assert cluster_accuracy(novel_y, ncdlr["novel_train_pred"], 0)["all"] == pytest.approx(ncdlr["novel_train"]["all"])
     text = (tmp_path / "results.md").read_text()
     begin, end = quality.markers()
     assert begin in text and end in text

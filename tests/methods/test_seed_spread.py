@@ -65,3 +65,25 @@ def test_the_paired_gap_needs_two_paired_seeds():
         seed_spread.paired_gap(y_true, 2, [cell, cell], [cell])
     with pytest.raises(ValueError, match="≥ 2"):
         seed_spread.paired_gap(y_true, 2, [cell], [cell])
+
+
+def test_carried_matching_names_clusters_on_the_training_rows_not_on_the_test_images():
+    """Known 0, 1; novel 2, 3. On the training rows novel cluster 0 holds class 3 and cluster 1 class 2, so column
+    2 is named 3 and column 3 is named 2. The test split's own matching would name them the other way round (its
+    class-2 images sit in column 2), and score 4 of 4 novel images where the carried names score 1."""
+    seed_spread = load_benchmark("seed_spread")
+    train_labels = np.array([2, 2, 2, 3, 3, 3])
+    train_pred = np.array([1, 1, 0, 0, 0, 1])  # novel cluster ids 0..Ku-1
+    y_true = np.array([0, 1, 2, 2, 3, 3])
+    test_pred = np.array([0, 0, 2, 2, 3, 2])  # a known image in the wrong known column; novel images in columns 2, 3
+    carried = seed_spread.carried_correct(y_true, test_pred, 2, train_labels, train_pred)
+    assert carried.tolist() == [True, False, False, False, False, True]
+    own = seed_spread.correct_under_matching(y_true, test_pred)
+    assert own[2:].sum() == 3 and carried[2:].sum() == 1
+    cells = [{"test_pred": test_pred.tolist(), "novel_train_pred": train_pred.tolist(), "novel_train": {"all": 0.7}},
+             {"test_pred": [0, 1, 3, 3, 2, 2], "novel_train_pred": train_pred.tolist(),  # all right when carried
+              "novel_train": {"all": 0.7}}]
+    r = seed_spread.spread(y_true, [9, 9, 6, 3], 2, cells, train_labels)
+    # seed 0: class 2 0/2, class 3 1/2 → 25 %; seed 1: 100 %
+    assert r["test_novel_carried"] == pytest.approx(62.5) and r["test_novel_carried_std"] == pytest.approx(37.5)
+    assert "test_novel_carried" not in seed_spread.spread(y_true, [9, 9, 6, 3], 2, cells)
