@@ -29,7 +29,7 @@ shrink.
 Usage::
 
     .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
-        --results /work/cache/quality-rec
+        --results /work/cache/quality-rec [--gap ncdlr uno]
 """
 
 from __future__ import annotations
@@ -99,9 +99,11 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
 
 
 def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b: list[dict], draws: int = 2000,
-               seed: int = 0) -> dict[str, float]:
+               seed: int = 0, correct=None) -> dict[str, float]:
     """Test novel accuracy of A minus B (class-mean, %), over seeds paired by position (``cells_a[i]`` and
-    ``cells_b[i]`` share seed i; each has ``test_pred [N]``), and its two standard errors:
+    ``cells_b[i]`` share seed i; each has ``test_pred [N]``), and its two standard errors. ``correct(cell) -> [N]``
+    bool scores a cell's test images (default: under the test split's own matching, :func:`correct_under_matching`;
+    or :func:`carried_correct`'s names).
 
     - ``seed_se``: ``std(d_s, ddof=1) / sqrt(S)`` of the per-seed gaps ``d_s`` (what more seeds shrink);
     - ``sample_se``: the std over ``draws`` bootstrap test splits — each novel class's test images drawn again with
@@ -112,9 +114,8 @@ def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b:
     if len(cells_a) != len(cells_b) or len(cells_a) < 2:
         raise ValueError(f"need the same number (≥ 2) of seeds for both, got {len(cells_a)} and {len(cells_b)}")
     novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
-    diff = np.stack([correct_under_matching(y_true, a["test_pred"]).astype(float)
-                     - correct_under_matching(y_true, b["test_pred"]).astype(float)
-                     for a, b in zip(cells_a, cells_b)])  # [S, N]
+    correct = correct or (lambda cell: correct_under_matching(y_true, cell["test_pred"]))
+    diff = np.stack([correct(a).astype(float) - correct(b).astype(float) for a, b in zip(cells_a, cells_b)])  # [S, N]
     members = [np.flatnonzero(y_true == c) for c in novel_classes]
     per_seed = np.stack([diff[:, m].mean(1) for m in members], axis=1).mean(1) * 100  # [S]
     rng = np.random.default_rng(seed)
@@ -175,10 +176,17 @@ def main(argv: list[str] | None = None) -> int:
             if len(pairs) < 2:
                 print(f"\n{dataset}: fewer than two seeds with test_pred for both of {' and '.join(args.gap)}")
                 continue
-            g = paired_gap(y_true, num_known, [a for a, _ in pairs], [b for _, b in pairs], draws=args.draws)
-            print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} on the test novel classes, {g['seeds']} paired seeds: "
-                  f"{g['gap']:+.1f} (SE over seeds {g['seed_se']:.1f}, over test images {g['sample_se']:.1f}, "
-                  f"together {g['total_se']:.1f})\n")
+            scorers = {"the test split's own matching": None}
+            if all("novel_train_pred" in c for pair in pairs for c in pair):
+                scorers["carried matching"] = lambda cell: carried_correct(y_true, cell["test_pred"], num_known,
+                                                                           train_novel_labels, cell["novel_train_pred"])
+            for name, correct in scorers.items():
+                g = paired_gap(y_true, num_known, [a for a, _ in pairs], [b for _, b in pairs], draws=args.draws,
+                               correct=correct)
+                print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} on the test novel classes ({name}), {g['seeds']} "
+                      f"paired seeds: {g['gap']:+.1f} (SE over seeds {g['seed_se']:.1f}, over test images "
+                      f"{g['sample_se']:.1f}, together {g['total_se']:.1f})")
+            print()
     return 0
 
 

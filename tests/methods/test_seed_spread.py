@@ -87,3 +87,8 @@ def test_carried_matching_names_clusters_on_the_training_rows_not_on_the_test_im
     # seed 0: class 2 0/2, class 3 1/2 → 25 %; seed 1: 100 %
     assert r["test_novel_carried"] == pytest.approx(62.5) and r["test_novel_carried_std"] == pytest.approx(37.5)
     assert "test_novel_carried" not in seed_spread.spread(y_true, [9, 9, 6, 3], 2, cells)
+    # the paired gap under the carried names: seed 1 minus seed 0 as if they were two methods, 75 points
+    g = seed_spread.paired_gap(y_true, 2, [cells[1], cells[1]], [cells[0], cells[0]], draws=100,
+                               correct=lambda c: seed_spread.carried_correct(y_true, c["test_pred"], 2, train_labels,
+                                                                             c["novel_train_pred"]))
+    assert g["gap"] == pytest.approx(75.0) and g["seed_se"] == 0.0
