@@ -50,6 +50,12 @@ from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: 
 from ncdlr.metrics import correct_under_matching, head_medium_tail, hungarian_mapping  # noqa: E402
 
 
+def per_class_accuracy(correct: np.ndarray, y_true: np.ndarray, classes: list[int]) -> np.ndarray:
+    """``[S, C]``: the share of each class's test images that ``correct [S, N]`` (bool or 0/1, one row per seed)
+    marks right, for the classes ``classes`` (C of them) of ``y_true [N]``."""
+    return np.stack([correct[:, y_true == c].mean(1) for c in classes], axis=1)
+
+
 def carried_correct(y_true: np.ndarray, test_pred, num_known: int, train_novel_labels: np.ndarray,
                     train_novel_pred) -> np.ndarray:
     """``[N]`` bool: test predictions ``test_pred [N]`` (over all K columns) scored with the cluster names fitted on
@@ -68,7 +74,7 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
     novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
     groups = head_medium_tail(novel_classes, train_counts)
     correct = np.stack([correct_under_matching(y_true, c["test_pred"]) for c in cells])  # [S, N]
-    per_class = np.stack([correct[:, y_true == c].mean(1) for c in novel_classes], axis=1) * 100  # [S, Ku]
+    per_class = per_class_accuracy(correct, y_true, novel_classes) * 100  # [S, Ku]
     novel = per_class.mean(1)
     index = {c: i for i, c in enumerate(novel_classes)}
     out = {"seeds": len(cells), "test_novel": novel.mean(), "test_novel_std": novel.std(),
@@ -93,7 +99,7 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
     if train_novel_labels is not None and all("novel_train_pred" in c for c in cells):
         carried = np.stack([carried_correct(y_true, c["test_pred"], num_known, train_novel_labels,
                                             c["novel_train_pred"]) for c in cells])  # [S, N]
-        novel = np.stack([carried[:, y_true == c].mean(1) for c in novel_classes], axis=1).mean(1) * 100  # [S]
+        novel = per_class_accuracy(carried, y_true, novel_classes).mean(1) * 100  # [S]
         out["test_novel_carried"], out["test_novel_carried_std"] = novel.mean(), novel.std()
     return out
 
@@ -116,8 +122,8 @@ def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b:
     novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
     correct = correct or (lambda cell: correct_under_matching(y_true, cell["test_pred"]))
     diff = np.stack([correct(a).astype(float) - correct(b).astype(float) for a, b in zip(cells_a, cells_b)])  # [S, N]
+    per_seed = per_class_accuracy(diff, y_true, novel_classes).mean(1) * 100  # [S]
     members = [np.flatnonzero(y_true == c) for c in novel_classes]
-    per_seed = np.stack([diff[:, m].mean(1) for m in members], axis=1).mean(1) * 100  # [S]
     rng = np.random.default_rng(seed)
     mean_diff = diff.mean(0)  # [N]: the seed-mean gap per image
     boot = np.zeros(draws)
@@ -150,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         num_known, _, _, train_counts = read_class_summary(tables[dataset])
         labels = read_feature_table(tables[dataset], splits=("test", "novel")).labels
         y_true, train_novel_labels = labels["test"].numpy(), labels["novel"].numpy()
+        kept = {}  # variant -> {seed: cell} of the cells that kept their test predictions
+        for variant in dict.fromkeys(args.variants + (args.gap or [])):
+            paths = {s: quality.cell_path(args.results, dataset, variant, s, None) for s in range(args.seeds)}
+            found = {s: json.loads(p.read_text()) for s, p in paths.items() if p.is_file()}
+            kept[variant] = {s: c for s, c in found.items() if "test_pred" in c}
         for variant in args.variants:
-            paths = [quality.cell_path(args.results, dataset, variant, s, None) for s in range(args.seeds)]
-            cells = [json.loads(p.read_text()) for p in paths if p.is_file()]
-            cells = [c for c in cells if "test_pred" in c]
+            cells = list(kept[variant].values())
             if len(cells) < 2:
                 print(f"| {dataset} | {variant} | {len(cells)} | (fewer than two cells with test_pred) | | | | | |")
                 continue
@@ -166,13 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['images_differing']:.0f} of {r['novel_test_images']} ({r['tail_images_differing']:.1f} of "
                   f"{r['tail_test_images']}) | {carried} |")
         if args.gap:
-            pairs = []
-            for s in range(args.seeds):
-                found = [quality.cell_path(args.results, dataset, v, s, None) for v in args.gap]
-                if all(p.is_file() for p in found):
-                    pair = [json.loads(p.read_text()) for p in found]
-                    if all("test_pred" in c for c in pair):
-                        pairs.append(pair)
+            a, b = (kept[v] for v in args.gap)
+            pairs = [(a[s], b[s]) for s in sorted(set(a) & set(b))]
             if len(pairs) < 2:
                 print(f"\n{dataset}: fewer than two seeds with test_pred for both of {' and '.join(args.gap)}")
                 continue
