@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['images_differing']:.0f} of {r['novel_test_images']} ({r['tail_images_differing']:.1f} of "
                   f"{r['tail_test_images']}) | {carried} |")
         if args.gap:
-            a, b = (kept[v] for v in args.gap)
-            pairs = [(a[s], b[s]) for s in sorted(set(a) & set(b))]
+            first, second = (kept[v] for v in args.gap)
+            pairs = [(first[s], second[s]) for s in sorted(set(first) & set(second))]
             if len(pairs) < 2:
                 print(f"\n{dataset}: fewer than two seeds with test_pred for both of {' and '.join(args.gap)}")
                 continue
@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 scorers["carried matching"] = lambda cell: carried_correct(y_true, cell["test_pred"], num_known,
                                                                            train_novel_labels, cell["novel_train_pred"])
             for name, correct in scorers.items():
-                g = paired_gap(y_true, num_known, [a for a, _ in pairs], [b for _, b in pairs], draws=args.draws,
-                               correct=correct)
+                g = paired_gap(y_true, num_known, [pair[0] for pair in pairs], [pair[1] for pair in pairs],
+                               draws=args.draws, correct=correct)
                 print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} on the test novel classes ({name}), {g['seeds']} "
                       f"paired seeds: {g['gap']:+.1f} (SE over seeds {g['seed_se']:.1f}, over test images "
                       f"{g['sample_se']:.1f}, together {g['total_se']:.1f})")
