@@ -49,6 +49,7 @@ processes and resumed; the tables are rendered from every cached result of the r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -220,12 +221,35 @@ def novel_clustering(run, splits: FeatureSplits) -> tuple[dict[str, float], np.n
     return cluster_accuracy(y, pred, 0, train_counts=splits.train_counts()[ks:]), pred
 
 
-def test_predictions(run, splits: FeatureSplits) -> list[int]:
-    """``[N_test]`` the plain model's predictions over all K classes (the argmax :func:`evaluate` scores as "none"),
-    kept per cell so that seeds can be compared image by image (``benchmarks/seed_spread.py``)."""
+def test_predictions(run, splits: FeatureSplits) -> tuple[list[int], list[int]]:
+    """The plain model's test predictions, kept per cell so that seeds can be compared image by image
+    (``benchmarks/seed_spread.py``, ``benchmarks/carry.py``): over all K classes ``[N_test]`` (the argmax
+    :func:`evaluate` scores as "none"), and over the novel columns alone ``[N_test]`` in ``0..Ku-1`` (task-aware)."""
     from ncdlr.service.local import embed
 
     logits = run.method.predict_logits(run.model, embed(run.model, splits.features["test"]))
+    return logits.argmax(1).tolist(), logits[:, splits.num_known:].argmax(1).tolist()
+
+
+def hold_out_last_view(splits: FeatureSplits) -> tuple[FeatureSplits, torch.Tensor]:
+    """``--holdout-view``: the activation table's training splits without their last cached view, and that view
+    of the novel training rows ``[N_novel, 1, *shape]`` — the same images in a crop training never showed, to
+    tell how much of the training rows' score is a fit to the crops trained on (``benchmarks/carry.py``)."""
+    if not splits.is_activations or min(splits.views("known"), splits.views("novel")) < 3:
+        raise SystemExit("--holdout-view needs an activation table with at least 3 views per training row")
+    kept = {k: (v[:, :-1] if k in ("known", "novel") else v) for k, v in splits.features.items()}
+    return dataclasses.replace(splits, features=kept), splits.features["novel"][:, -1:]
+
+
+def novel_predictions(run, x: torch.Tensor, num_known: int) -> list[int]:
+    """``[N]`` task-aware predictions (argmax over the novel columns, ``0..Ku-1``) of the model for cached rows
+    ``x [N, 1, *shape]`` (eval mode)."""
+    from ncdlr.service.local import embed
+
+    was_training = run.model.training
+    run.model.eval()
+    logits = run.method.predict_logits(run.model, embed(run.model, x))[:, num_known:]
+    run.model.train(was_training)
     return logits.argmax(1).tolist()
 
 
@@ -245,7 +269,10 @@ def clustering_trace(splits: FeatureSplits, trace: list[dict]):
 
 
 def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epochs: int | None,
-             trace: bool = False, chosen: dict | None = None) -> dict:
+             trace: bool = False, chosen: dict | None = None, holdout_view: bool = False) -> dict:
+    probe = None
+    if holdout_view:
+        splits, probe = hold_out_last_view(splits)
     cfg = variant_config(dataset, variant, seed, splits, epochs)
     cpu = time.process_time()
     selection = {}
@@ -262,6 +289,7 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
     results = evaluate(trained, splits, posthoc=POSTHOC_OF.get(variant, ("none",)), temperature=cfg.method.temperature,
                        seed=seed)
     novel_train, novel_train_pred = novel_clustering(trained, splits)
+    test_pred, test_novel_pred = test_predictions(trained, splits)
     tau = trained.tau_history
     learned_prior = cfg.labeler.prior in ("adaptive", "bounded", "anchored", "free") and cfg.method.name == "ncdlr"
     return {"dataset": dataset, "variant": variant, "seed": seed, "results": results,
@@ -270,7 +298,8 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "train_s": trained.seconds, "cpu_s": time.process_time() - cpu, "eval_s": time.perf_counter() - start, "epochs": cfg.optim.epochs,
             "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance,
             "trace": epochs_trace, "novel_train": novel_train, "novel_train_pred": novel_train_pred.tolist(),
-            "test_pred": test_predictions(trained, splits)}
+            "test_pred": test_pred, "test_novel_pred": test_novel_pred, "holdout_view": holdout_view,
+            "novel_heldout_pred": None if probe is None else novel_predictions(trained, probe, splits.num_known)}
 
 
 #: the dataset-level rehearsal of ``--select``: candidates (γ/Ku; UNIFORM = the uniform prior), validation draws and
@@ -336,8 +365,10 @@ def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, ep
     return chosen
 
 
-def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None, trace: bool = False) -> Path:
-    return root / f"{dataset}-{variant}-s{seed}{f'-e{epochs}' if epochs else ''}{'-trace' if trace else ''}.json"
+def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None, trace: bool = False,
+              holdout_view: bool = False) -> Path:
+    return root / (f"{dataset}-{variant}-s{seed}{f'-e{epochs}' if epochs else ''}{'-trace' if trace else ''}"
+                   f"{'-hv' if holdout_view else ''}.json")
 
 
 def fmt(values: list[float]) -> str:
@@ -422,6 +453,8 @@ def child_arguments(args: argparse.Namespace) -> list[str]:
         out += ["--only-seeds", *map(str, args.only_seeds)]
     if args.trace:
         out.append("--trace")
+    if args.holdout_view:
+        out.append("--holdout-view")
     return out
 
 
@@ -451,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
+    parser.add_argument("--holdout-view", action="store_true",
+                        help="cached datasets: train without each training row's last cached view and record the "
+                             "model's novel clusters on it (cells cached as *-hv.json; benchmarks/carry.py reads them)")
     parser.add_argument("--workers", type=int, default=1,
                         help="processes that run the grid's cells side by side, one CPU thread each (the 2-core grid: 2)")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # "I/N": a --workers child's share of the cells
@@ -499,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)
             splits = fixed if dataset.startswith("openclipart") else (None if skip else synthetic_splits(seed))
             for variant in args.variants:
-                path = cell_path(args.results, dataset, variant, seed, args.epochs, args.trace)
+                path = cell_path(args.results, dataset, variant, seed, args.epochs, args.trace, args.holdout_view)
                 if path.name in cached or (args.render_only and path.is_file()):
                     cells.append(json.loads(path.read_text()))
                     continue
@@ -508,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
                 pending += 1
                 if (pending - 1) % shards != shard:
                     continue
-                cell = run_cell(dataset, variant, seed, splits, args.epochs, trace=args.trace, chosen=chosen)
+                cell = run_cell(dataset, variant, seed, splits, args.epochs, trace=args.trace, chosen=chosen,
+                                holdout_view=args.holdout_view)
                 path.write_text(json.dumps(cell))
                 cells.append(cell)
                 r = cell["results"]["none"]

@@ -30,6 +30,12 @@ def test_quality_smoke_grid_writes_cached_cells_and_paper_style_tables(tmp_path)
     assert cluster_accuracy(splits.labels["test"].numpy(), ncdlr["test_pred"], splits.num_known)["novel"] == \
         ncdlr["results"]["none"]["novel"]
     assert 0 <= ncdlr["novel_train"]["all"] <= 1 and "novel_tail" in ncdlr["novel_train"]
+    # and the task-aware test predictions (novel columns only): where the argmax over all K is a novel column,
+    # it is the same column
+    ks, aware = splits.num_known, ncdlr["test_novel_pred"]
+    assert len(aware) == len(ncdlr["test_pred"]) and 0 <= min(aware) and max(aware) < splits.num_novel
+    assert all(a == p - ks for a, p in zip(aware, ncdlr["test_pred"]) if p >= ks)
+    assert ncdlr["holdout_view"] is False and ncdlr["novel_heldout_pred"] is None
     # the training rows' clusters themselves, whose accuracy is novel_train's (a matching fitted on them can be
     # carried to the test split)
     novel_y = splits.labels["novel"].numpy() - splits.num_known

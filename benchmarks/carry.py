@@ -1,0 +1,120 @@
+"""Where a method's novel clusters lose accuracy between the crops it trained on and unseen images (issue 14, item 3).
+
+Reads the cells of ``benchmarks/quality.py --holdout-view`` (trained without each training row's last cached view;
+``*-hv.json``). Every score is the class-mean accuracy over the novel classes (%), and every one names the novel
+clusters the same way: by the Hungarian matching fitted on the novel training rows' seen view (view 0), as a user
+names the clusters once and then predicts (``seed_spread.carried_correct``). Four readings, one step apart:
+
+1. **seen crop** — the novel training rows, view 0, a crop the model trained on (task-aware: argmax over the
+   novel columns) = quality.py's ``novel_train``;
+2. **unseen crop** — the same images, their held-out last view: a random crop of the same augmentation that
+   training never showed (task-aware);
+3. **unseen image** — the test split's novel images, centre view (task-aware);
+4. **unseen image, all classes** — the same, argmax over all K classes (task-agnostic; a novel image predicted as a
+   known class is wrong): what seed_spread.py calls "carried matching".
+
+So 1 → 2 is the fit to the very crops trained on, 2 → 3 the step to new images (and to the centre view), 3 → 4 the
+novel images lost to known classes. With ``--gap A B`` it also prints the paired difference A − B of each reading
+over the seeds both have, and its standard error over those seeds.
+
+Usage::
+
+    .venv/bin/python benchmarks/carry.py --datasets openclipart-cached openclipart-cached-p2 --variants ncdlr uno \\
+        --results /work/cache/quality-hv [--gap ncdlr uno]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+import quality  # noqa: E402  (the cell paths and the datasets' tables)
+from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
+from ncdlr.metrics import hungarian_mapping  # noqa: E402
+
+READINGS = ("seen crop", "unseen crop", "unseen image", "unseen image, all classes")
+
+
+def class_mean(correct: np.ndarray, y_true: np.ndarray) -> float:
+    """Class-mean accuracy (%) of ``correct [N]`` (bool) over the classes present in ``y_true [N]``."""
+    return 100 * float(np.mean([correct[y_true == c].mean() for c in np.unique(y_true)]))
+
+
+def readings(cell: dict, num_known: int, train_labels: np.ndarray, test_labels: np.ndarray) -> dict[str, float]:
+    """The four scores of the module docstring for one cell (``--holdout-view``; novel ``train_labels [M]`` and
+    ``test_labels [N]`` in class ids ``0..K-1``), each with the names fitted on ``novel_train_pred`` [M]."""
+    mapping = hungarian_mapping(train_labels, np.asarray(cell["novel_train_pred"]) + num_known)
+
+    def named(pred_novel) -> np.ndarray:  # novel-column predictions 0..Ku-1 → class ids (−1: unmatched column)
+        return np.array([mapping.get(int(p) + num_known, -1) for p in pred_novel], dtype=np.int64)
+
+    novel_test = test_labels >= num_known
+    y_test = test_labels[novel_test]
+    agnostic = np.asarray(cell["test_pred"])[novel_test]
+    agnostic_named = np.where(agnostic < num_known, agnostic, named(np.maximum(agnostic - num_known, 0)))
+    return {
+        "seen crop": class_mean(named(cell["novel_train_pred"]) == train_labels, train_labels),
+        "unseen crop": class_mean(named(cell["novel_heldout_pred"]) == train_labels, train_labels),
+        "unseen image": class_mean(named(np.asarray(cell["test_novel_pred"])[novel_test]) == y_test, y_test),
+        "unseen image, all classes": class_mean(agnostic_named == y_test, y_test),
+    }
+
+
+def load_cells(results: Path, dataset: str, variant: str, seeds: int) -> dict[int, dict]:
+    """``{seed: cell}`` of the ``--holdout-view`` cells found for seeds ``0..seeds-1``."""
+    paths = {s: quality.cell_path(results, dataset, variant, s, None, holdout_view=True) for s in range(seeds)}
+    return {s: json.loads(p.read_text()) for s, p in paths.items() if p.is_file()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=["openclipart-cached"], choices=sorted(quality.CACHED))
+    parser.add_argument("--variants", nargs="+", default=["ncdlr", "uno"])
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (those with a cell are read)")
+    parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print A − B of each reading and each step")
+    parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
+    quality.add_table_argument(parser)
+    args = parser.parse_args(argv)
+    tables = quality.parsed_tables(parser, args)
+    print("| dataset | method | seeds | " + " | ".join(READINGS) + " | seen → unseen crop | unseen crop → image |")
+    print("|---|---|---|" + "---|" * (len(READINGS) + 2))
+    gaps = []
+    for dataset in args.datasets:
+        num_known, _, _, _ = read_class_summary(tables[dataset])
+        labels = read_feature_table(tables[dataset], splits=("test", "novel")).labels
+        train_labels, test_labels = labels["novel"].numpy(), labels["test"].numpy()
+        per_variant = {}
+        for variant in dict.fromkeys(args.variants + (args.gap or [])):
+            cells = load_cells(args.results, dataset, variant, args.seeds)
+            per_variant[variant] = {s: readings(c, num_known, train_labels, test_labels) for s, c in cells.items()}
+        for variant in args.variants:
+            rows = per_variant[variant]
+            if not rows:
+                print(f"| {dataset} | {variant} | 0 | (no --holdout-view cells) |" + " |" * (len(READINGS) + 1))
+                continue
+            values = {r: np.array([row[r] for row in rows.values()]) for r in READINGS}
+            cols = [f"{v.mean():.1f} ± {v.std():.1f}" for v in values.values()]
+            steps = [values["seen crop"] - values["unseen crop"], values["unseen crop"] - values["unseen image"]]
+            print(f"| {dataset} | {variant} | {len(rows)} | " + " | ".join(cols) + " | "
+                  + " | ".join(f"−{s.mean():.1f}" for s in steps) + " |")
+        if args.gap:
+            a, b = (per_variant[v] for v in args.gap)
+            seeds = sorted(set(a) & set(b))
+            if len(seeds) >= 2:
+                gaps.append((dataset, seeds, {r: np.array([a[s][r] - b[s][r] for s in seeds]) for r in READINGS}))
+    for dataset, seeds, diff in gaps:
+        se = {r: d.std(ddof=1) / np.sqrt(len(d)) for r, d in diff.items()}
+        print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} over seeds {seeds}: "
+              + "; ".join(f"{r} {d.mean():+.1f} (SE {se[r]:.1f})" for r, d in diff.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""benchmarks/carry.py and quality.py --holdout-view: hand-made cells and splits whose answer is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ncdlr.data.features import FeatureSplits
+from tests.fixtures.benchmarks import load_benchmark
+
+
+def test_the_four_readings_name_every_split_with_the_training_rows_clusters():
+    """Known 0, 1; novel 2, 3. On the seen crops cluster 0 holds class 3 and cluster 1 class 2 (5 of 6 rows right).
+    The unseen crops of the same rows swap one more row; the test images are read task-aware and over all K."""
+    carry = load_benchmark("carry")
+    train_labels = np.array([2, 2, 2, 3, 3, 3])
+    cell = {
+        "novel_train_pred": [1, 1, 1, 0, 0, 1],  # class 2: 3/3, class 3: 2/3 → 83.3
+        "novel_heldout_pred": [1, 1, 0, 0, 0, 1],  # class 2: 2/3, class 3: 2/3 → 66.7
+        "test_novel_pred": [0, 0, 1, 0, 0, 0],  # novel rows (2, 2, 3, 3) → classes 2: 1/2 (col 0 = 3), 3: 2/2 → 75
+        "test_pred": [0, 1, 3, 0, 2, 2],  # novel rows: 3 (col 1 → 2 ✓), 0 (known ✗), 2 (col 0 → 3 ✓), 2 ✓ → 1/2, 2/2
+    }
+    test_labels = np.array([0, 1, 2, 2, 3, 3])
+    r = carry.readings(cell, 2, train_labels, test_labels)
+    assert r["seen crop"] == pytest.approx(100 * (1 + 2 / 3) / 2)
+    assert r["unseen crop"] == pytest.approx(100 * (2 / 3 + 2 / 3) / 2)
+    assert r["unseen image"] == pytest.approx(75.0)
+    assert r["unseen image, all classes"] == pytest.approx(75.0)
+    cell["test_pred"] = [0, 1, 0, 0, 2, 2]  # the first novel test image now goes to a known class as well
+    assert carry.readings(cell, 2, train_labels, test_labels)["unseen image, all classes"] == pytest.approx(50.0)
+
+
+def test_holding_out_the_last_view_keeps_the_other_views_for_training_and_leaves_the_test_split_alone():
+    quality = load_benchmark("quality")
+    shape = (2, 3, 3)
+    feats = {"known": torch.randn(5, 4, *shape).half(), "novel": torch.randn(6, 4, *shape).half(),
+             "test": torch.randn(3, 1, *shape).half()}
+    labels = {"known": torch.zeros(5, dtype=torch.long), "novel": torch.ones(6, dtype=torch.long),
+              "test": torch.tensor([0, 1, 1])}
+    splits = FeatureSplits(feats, labels, 1, 1, ["a", "b"], activation_shape=shape)
+    kept, probe = quality.hold_out_last_view(splits)
+    assert kept.views("known") == kept.views("novel") == 3 and kept.views("test") == 1
+    assert torch.equal(kept.features["novel"], feats["novel"][:, :3]) and kept.features["test"] is feats["test"]
+    assert probe.shape == (6, 1, *shape) and torch.equal(probe[:, 0], feats["novel"][:, 3])
+    assert splits.views("novel") == 4  # the caller's splits are not changed
+    embeddings = FeatureSplits({k: torch.randn(4, 8) for k in feats}, labels, 1, 1, ["a", "b"])
+    with pytest.raises(SystemExit, match="--holdout-view needs an activation table"):
+        quality.hold_out_last_view(embeddings)
+    two_views = FeatureSplits({**feats, "novel": feats["novel"][:, :2]}, labels, 1, 1, ["a", "b"], activation_shape=shape)
+    with pytest.raises(SystemExit, match="at least 3 views"):
+        quality.hold_out_last_view(two_views)
