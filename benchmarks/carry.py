@@ -20,7 +20,7 @@ over the seeds both have, and its standard error over those seeds.
 Usage::
 
     .venv/bin/python benchmarks/carry.py --datasets openclipart-cached openclipart-cached-p2 --variants ncdlr uno \\
-        --results /work/cache/quality-hv [--gap ncdlr uno]
+        --results /work/cache/quality-hv [--gap ncdlr uno] [--groups]
 """
 
 from __future__ import annotations
@@ -37,19 +37,23 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import quality  # noqa: E402  (the cell paths and the datasets' tables)
 from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
-from ncdlr.metrics import hungarian_mapping  # noqa: E402
+from ncdlr.metrics import head_medium_tail, hungarian_mapping  # noqa: E402
 
 READINGS = ("seen crop", "unseen crop", "unseen image", "unseen image, all classes")
+GROUPS = ("head", "medium", "tail")
 
 
-def class_mean(correct: np.ndarray, y_true: np.ndarray) -> float:
-    """Class-mean accuracy (%) of ``correct [N]`` (bool) over the classes present in ``y_true [N]``."""
-    return 100 * float(np.mean([correct[y_true == c].mean() for c in np.unique(y_true)]))
+def class_mean(correct: np.ndarray, y_true: np.ndarray, classes=None) -> float:
+    """Class-mean accuracy (%) of ``correct [N]`` (bool) over ``classes`` (default: those present in ``y_true [N]``)."""
+    classes = np.unique(y_true) if classes is None else classes
+    return 100 * float(np.mean([correct[y_true == c].mean() for c in classes]))
 
 
-def readings(cell: dict, num_known: int, train_labels: np.ndarray, test_labels: np.ndarray) -> dict[str, float]:
+def readings(cell: dict, num_known: int, train_labels: np.ndarray, test_labels: np.ndarray,
+             groups: dict[str, list[int]] | None = None) -> dict[str, float]:
     """The four scores of the module docstring for one cell (``--holdout-view``; novel ``train_labels [M]`` and
-    ``test_labels [N]`` in class ids ``0..K-1``), each with the names fitted on ``novel_train_pred`` [M]."""
+    ``test_labels [N]`` in class ids ``0..K-1``), each with the names fitted on ``novel_train_pred`` [M]. With
+    ``groups`` (``{"head": [class ids], ...}``) also each reading over each group's classes, as ``"<reading>/<group>"``."""
     mapping = hungarian_mapping(train_labels, np.asarray(cell["novel_train_pred"]) + num_known)
 
     def named(pred_novel) -> np.ndarray:  # novel-column predictions 0..Ku-1 → class ids (−1: unmatched column)
@@ -59,12 +63,14 @@ def readings(cell: dict, num_known: int, train_labels: np.ndarray, test_labels: 
     y_test = test_labels[novel_test]
     agnostic = np.asarray(cell["test_pred"])[novel_test]
     agnostic_named = np.where(agnostic < num_known, agnostic, named(np.maximum(agnostic - num_known, 0)))
-    return {
-        "seen crop": class_mean(named(cell["novel_train_pred"]) == train_labels, train_labels),
-        "unseen crop": class_mean(named(cell["novel_heldout_pred"]) == train_labels, train_labels),
-        "unseen image": class_mean(named(np.asarray(cell["test_novel_pred"])[novel_test]) == y_test, y_test),
-        "unseen image, all classes": class_mean(agnostic_named == y_test, y_test),
-    }
+    scored = {"seen crop": (named(cell["novel_train_pred"]) == train_labels, train_labels),
+              "unseen crop": (named(cell["novel_heldout_pred"]) == train_labels, train_labels),
+              "unseen image": (named(np.asarray(cell["test_novel_pred"])[novel_test]) == y_test, y_test),
+              "unseen image, all classes": (agnostic_named == y_test, y_test)}
+    out = {name: class_mean(correct, y) for name, (correct, y) in scored.items()}
+    for group, members in (groups or {}).items():
+        out.update({f"{name}/{group}": class_mean(correct, y, members) for name, (correct, y) in scored.items()})
+    return out
 
 
 def load_cells(results: Path, dataset: str, variant: str, seeds: int) -> dict[int, dict]:
@@ -79,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["ncdlr", "uno"])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (those with a cell are read)")
     parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print A − B of each reading and each step")
+    parser.add_argument("--groups", action="store_true", help="also each reading over the head / medium / tail "
+                        "novel classes (3:4:3 by training count)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
     quality.add_table_argument(parser)
     args = parser.parse_args(argv)
@@ -87,13 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|" + "---|" * (len(READINGS) + 2))
     gaps = []
     for dataset in args.datasets:
-        num_known, _, _, _ = read_class_summary(tables[dataset])
+        num_known, _, _, train_counts = read_class_summary(tables[dataset])
         labels = read_feature_table(tables[dataset], splits=("test", "novel")).labels
         train_labels, test_labels = labels["novel"].numpy(), labels["test"].numpy()
+        groups = head_medium_tail(sorted({int(c) for c in train_labels}), train_counts)
         per_variant = {}
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
             cells = load_cells(args.results, dataset, variant, args.seeds)
-            per_variant[variant] = {s: readings(c, num_known, train_labels, test_labels) for s, c in cells.items()}
+            per_variant[variant] = {s: readings(c, num_known, train_labels, test_labels, groups)
+                                    for s, c in cells.items()}
         for variant in args.variants:
             rows = per_variant[variant]
             if not rows:
@@ -101,9 +111,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             values = {r: np.array([row[r] for row in rows.values()]) for r in READINGS}
             cols = [f"{v.mean():.1f} ± {v.std():.1f}" for v in values.values()]
-            steps = [values["seen crop"] - values["unseen crop"], values["unseen crop"] - values["unseen image"]]
+            steps = [values["unseen crop"] - values["seen crop"], values["unseen image"] - values["unseen crop"]]
             print(f"| {dataset} | {variant} | {len(rows)} | " + " | ".join(cols) + " | "
-                  + " | ".join(f"−{s.mean():.1f}" for s in steps) + " |")
+                  + " | ".join(f"{s.mean():+.1f}" for s in steps) + " |")
+            if args.groups:
+                for group in GROUPS:
+                    g = {r: np.array([row[f"{r}/{group}"] for row in rows.values()]) for r in READINGS}
+                    print(f"| {dataset} | {variant}, {group} classes | {len(rows)} | "
+                          + " | ".join(f"{v.mean():.1f}" for v in g.values()) + " | "
+                          + f"{(g['unseen crop'] - g['seen crop']).mean():+.1f} | "
+                          + f"{(g['unseen image'] - g['unseen crop']).mean():+.1f} |")
         if args.gap:
             a, b = (per_variant[v] for v in args.gap)
             seeds = sorted(set(a) & set(b))

@@ -27,6 +27,10 @@ def test_the_four_readings_name_every_split_with_the_training_rows_clusters():
     assert r["unseen crop"] == pytest.approx(100 * (2 / 3 + 2 / 3) / 2)
     assert r["unseen image"] == pytest.approx(75.0)
     assert r["unseen image, all classes"] == pytest.approx(75.0)
+    by_group = carry.readings(cell, 2, train_labels, test_labels, {"head": [2], "tail": [3]})
+    assert by_group["seen crop/head"] == pytest.approx(100.0) and by_group["seen crop/tail"] == pytest.approx(200 / 3)
+    assert by_group["unseen image/head"] == pytest.approx(50.0) and by_group["unseen image/tail"] == pytest.approx(100.0)
+    assert by_group["unseen image"] == r["unseen image"]
     cell["test_pred"] = [0, 1, 0, 0, 2, 2]  # the first novel test image now goes to a known class as well
     assert carry.readings(cell, 2, train_labels, test_labels)["unseen image, all classes"] == pytest.approx(50.0)
 
