@@ -37,11 +37,13 @@ Usage
   .venv/bin/python benchmarks/quality.py --datasets synthetic openclipart openclipart-cached --seeds 5 \\
       [--features /work/cache/openclipart-lt-lite0-160.parquet] [--table openclipart-cached=/work/cache/oc-lite0-160-b1-v8] \\
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
-      [--workers 2] [--select] [--select-setting warmup momentum]
+      [--workers 2] [--select] [--select-setting warmup momentum] [--holdout-view]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
 dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup
 momentum`` rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) and τ's momentum
 (``labeler.momentum``: 0.99 or 0.9) the same way (``--select-warmup`` = ``--select-setting warmup``).
+``--holdout-view`` (cached datasets) trains without each training row's last cached view and records the model's
+novel clusters on it, for ``benchmarks/carry.py`` (cells cached as ``*-hv.json``).
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
 processes and resumed; the tables are rendered from every cached result of the requested grid.
 """
