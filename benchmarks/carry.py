@@ -37,7 +37,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import quality  # noqa: E402  (the cell paths and the datasets' tables)
 from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
-from ncdlr.metrics import head_medium_tail, hungarian_mapping  # noqa: E402
+from ncdlr.metrics import head_medium_tail  # noqa: E402
+from seed_spread import carried_correct, per_class_accuracy  # noqa: E402
 
 READINGS = ("seen crop", "unseen crop", "unseen image", "unseen image, all classes")
 GROUPS = ("head", "medium", "tail")
@@ -45,28 +46,28 @@ GROUPS = ("head", "medium", "tail")
 
 def class_mean(correct: np.ndarray, y_true: np.ndarray, classes=None) -> float:
     """Class-mean accuracy (%) of ``correct [N]`` (bool) over ``classes`` (default: those present in ``y_true [N]``)."""
-    classes = np.unique(y_true) if classes is None else classes
-    return 100 * float(np.mean([correct[y_true == c].mean() for c in classes]))
+    classes = [int(c) for c in np.unique(y_true)] if classes is None else classes
+    return 100 * float(per_class_accuracy(correct[None], y_true, classes).mean())
 
 
 def readings(cell: dict, num_known: int, train_labels: np.ndarray, test_labels: np.ndarray,
              groups: dict[str, list[int]] | None = None) -> dict[str, float]:
     """The four scores of the module docstring for one cell (``--holdout-view``; novel ``train_labels [M]`` and
-    ``test_labels [N]`` in class ids ``0..K-1``), each with the names fitted on ``novel_train_pred`` [M]. With
-    ``groups`` (``{"head": [class ids], ...}``) also each reading over each group's classes, as ``"<reading>/<group>"``."""
-    mapping = hungarian_mapping(train_labels, np.asarray(cell["novel_train_pred"]) + num_known)
+    ``test_labels [N]`` in class ids ``0..K-1``), each with the names fitted on ``novel_train_pred`` [M]
+    (``seed_spread.carried_correct``). With ``groups`` (``{"head": [class ids], ...}``) also each reading over each
+    group's classes, as ``"<reading>/<group>"``."""
+    def carried(y: np.ndarray, pred) -> np.ndarray:  # pred over all K columns
+        return carried_correct(y, pred, num_known, train_labels, cell["novel_train_pred"])
 
-    def named(pred_novel) -> np.ndarray:  # novel-column predictions 0..Ku-1 → class ids (−1: unmatched column)
-        return np.array([mapping.get(int(p) + num_known, -1) for p in pred_novel], dtype=np.int64)
+    def aware(pred) -> np.ndarray:  # task-aware predictions (novel clusters 0..Ku-1) as columns Ks..K-1
+        return np.asarray(pred) + num_known
 
     novel_test = test_labels >= num_known
     y_test = test_labels[novel_test]
-    agnostic = np.asarray(cell["test_pred"])[novel_test]
-    agnostic_named = np.where(agnostic < num_known, agnostic, named(np.maximum(agnostic - num_known, 0)))
-    scored = {"seen crop": (named(cell["novel_train_pred"]) == train_labels, train_labels),
-              "unseen crop": (named(cell["novel_heldout_pred"]) == train_labels, train_labels),
-              "unseen image": (named(np.asarray(cell["test_novel_pred"])[novel_test]) == y_test, y_test),
-              "unseen image, all classes": (agnostic_named == y_test, y_test)}
+    scored = {"seen crop": (carried(train_labels, aware(cell["novel_train_pred"])), train_labels),
+              "unseen crop": (carried(train_labels, aware(cell["novel_heldout_pred"])), train_labels),
+              "unseen image": (carried(y_test, aware(cell["test_novel_pred"])[novel_test]), y_test),
+              "unseen image, all classes": (carried(y_test, np.asarray(cell["test_pred"])[novel_test]), y_test)}
     out = {name: class_mean(correct, y) for name, (correct, y) in scored.items()}
     for group, members in (groups or {}).items():
         out.update({f"{name}/{group}": class_mean(correct, y, members) for name, (correct, y) in scored.items()})
