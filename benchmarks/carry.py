@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", default=["openclipart-cached"], choices=sorted(quality.CACHED))
     parser.add_argument("--variants", nargs="+", default=["ncdlr", "uno"])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (those with a cell are read)")
-    parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print A − B of each reading and each step")
+    parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print A − B of each reading, paired over the seeds both have, with its SE")
     parser.add_argument("--groups", action="store_true", help="also each reading over the head / medium / tail "
                         "novel classes (3:4:3 by training count)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")

@@ -214,15 +214,10 @@ def novel_clustering(run, splits: FeatureSplits) -> tuple[dict[str, float], np.n
     the novel clusters (task-aware, transductive: the clustering accuracy NCD papers report on the unlabelled set),
     with head/medium/tail by training count. A diagnosis (of the seed spread); never used to select anything."""
     from ncdlr.metrics import cluster_accuracy
-    from ncdlr.service.local import embed
 
     ks = splits.num_known
     y = splits.labels["novel"].numpy() - ks
-    was_training = run.model.training
-    run.model.eval()
-    logits = run.method.predict_logits(run.model, embed(run.model, splits.features["novel"]))[:, ks:]
-    run.model.train(was_training)
-    pred = logits.argmax(1).numpy()
+    pred = np.asarray(novel_predictions(run, splits.features["novel"], ks))
     return cluster_accuracy(y, pred, 0, train_counts=splits.train_counts()[ks:]), pred
 
 
@@ -247,8 +242,8 @@ def hold_out_last_view(splits: FeatureSplits) -> tuple[FeatureSplits, torch.Tens
 
 
 def novel_predictions(run, x: torch.Tensor, num_known: int) -> list[int]:
-    """``[N]`` task-aware predictions (argmax over the novel columns, ``0..Ku-1``) of the model for cached rows
-    ``x [N, 1, *shape]`` (eval mode)."""
+    """``[N]`` task-aware predictions (argmax over the novel columns, ``0..Ku-1``) of the model, in eval mode, for
+    feature-table rows ``x`` (embeddings ``[N, D]``, or cached activations ``[N, V, *shape]``: view 0)."""
     from ncdlr.service.local import embed
 
     was_training = run.model.training
