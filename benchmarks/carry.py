@@ -26,7 +26,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -74,12 +73,6 @@ def readings(cell: dict, num_known: int, train_labels: np.ndarray, test_labels: 
     return out
 
 
-def load_cells(results: Path, dataset: str, variant: str, seeds: int) -> dict[int, dict]:
-    """``{seed: cell}`` of the ``--holdout-view`` cells found for seeds ``0..seeds-1``."""
-    paths = {s: quality.cell_path(results, dataset, variant, s, None, holdout_view=True) for s in range(seeds)}
-    return {s: json.loads(p.read_text()) for s, p in paths.items() if p.is_file()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=["openclipart-cached"], choices=sorted(quality.CACHED))
@@ -102,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = head_medium_tail(sorted({int(c) for c in train_labels}), train_counts)
         per_variant = {}
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
-            cells = load_cells(args.results, dataset, variant, args.seeds)
+            cells = quality.read_cells(args.results, dataset, variant, args.seeds, holdout_view=True)
             per_variant[variant] = {s: readings(c, num_known, train_labels, test_labels, groups)
                                     for s, c in cells.items()}
         for variant in args.variants:

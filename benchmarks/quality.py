@@ -371,6 +371,13 @@ def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | N
                    f"{'-hv' if holdout_view else ''}.json")
 
 
+def read_cells(root: Path, dataset: str, variant: str, seeds: int, holdout_view: bool = False) -> dict[int, dict]:
+    """``{seed: cell}`` of the cached cells (default epochs, no trace) found for seeds ``0..seeds-1``; the
+    ``--holdout-view`` ones with ``holdout_view`` (for seed_spread.py and carry.py)."""
+    paths = {s: cell_path(root, dataset, variant, s, None, holdout_view=holdout_view) for s in range(seeds)}
+    return {s: json.loads(p.read_text()) for s, p in paths.items() if p.is_file()}
+
+
 def fmt(values: list[float]) -> str:
     vals = np.array([v for v in values if v is not None and not math.isnan(v)], dtype=float)
     if not len(vals):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -158,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         y_true, train_novel_labels = labels["test"].numpy(), labels["novel"].numpy()
         kept = {}  # variant -> {seed: cell} of the cells that kept their test predictions
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
-            paths = {s: quality.cell_path(args.results, dataset, variant, s, None) for s in range(args.seeds)}
-            found = {s: json.loads(p.read_text()) for s, p in paths.items() if p.is_file()}
+            found = quality.read_cells(args.results, dataset, variant, args.seeds)
             kept[variant] = {s: c for s, c in found.items() if "test_pred" in c}
         for variant in args.variants:
             cells = list(kept[variant].values())
