@@ -6,8 +6,12 @@ in feature-table mode, on the known-class validation table of :mod:`ncdlr.servic
 (Train V2) needs three workarounds, all kept here:
 
 * ``Tuner(TorchTrainer)`` fails under Train V2 ("Improper 'run'"), hence the function trainable; a Train
-  callback (:class:`ValidationScoreCallback`, a ``TuneReportCallback``) scores each epoch's checkpoint on
-  ``val`` and forwards the metrics to Tune.
+  callback (:class:`ValidationScoreCallback`) scores each epoch's checkpoint on ``val`` and hands the metrics
+  to the trial, whose own thread reports them to Tune (:func:`fit_reporting_to_tune`). Ray's
+  ``TuneReportCallback`` is not used: it feeds the trial actor's main thread, and when ``fit()`` returns
+  before Tune asks for the last epoch (a busy driver) the function's end-of-trial report fills Tune's
+  one-slot result queue first and the main thread blocks forever putting the last epoch behind it: the
+  trial stays RUNNING and the search never ends.
 * Train V2's controller creates the worker group's placement group, and a placement group lives as long as
   the *job*: when ASHA stops a trial the group stays reserved and later trials wait forever. The worker
   registers its group (:func:`placement_group_registry`) and :class:`ReleaseStoppedTrialGroups` removes it.
@@ -40,7 +44,8 @@ import ray
 import ray.train
 import torch
 from ray import tune
-from ray.tune.integration.ray_train import TuneReportCallback
+from ray.train import UserCallback
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
 from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.data.storage import is_s3, join
@@ -165,17 +170,18 @@ class ScoringRows:
                    splits.num_novel, splits.train_counts())
 
 
-class ValidationScoreCallback(TuneReportCallback):
-    """Train → Tune bridge that scores each reported checkpoint on the validation table's ``val`` rows.
+class ValidationScoreCallback(UserCallback):
+    """Train → trial bridge that scores each reported checkpoint on the validation table's ``val`` rows.
 
     Runs on the Ray Train controller: after every epoch report (rank 0 checkpoints each epoch) it loads the
-    checkpoint's model, predicts ``val`` and forwards ``{training metrics, score, ...}`` to the trial.
+    checkpoint's model, predicts ``val`` and puts ``{training metrics, score, ..., checkpoint_path}`` on
+    ``results`` (a one-slot ``ray.util.queue.Queue``: the controller waits until the trial took the last
+    epoch, so ASHA decides before the next one). The trial reports it to Tune (:func:`fit_reporting_to_tune`).
     ``rows``: an object ref of the :class:`ScoringRows` (read once, by the trial).
     """
 
-    def __init__(self, cfg: Config, rows: ray.ObjectRef, env: dict[str, str]):
-        super().__init__()
-        self._cfg, self._rows_ref, self._env = cfg, rows, env
+    def __init__(self, cfg: Config, rows: ray.ObjectRef, env: dict[str, str], results):
+        self._cfg, self._rows_ref, self._env, self._results = cfg, rows, env, results
         self._rows: ScoringRows | None = None
 
     def __setstate__(self, state: dict) -> None:
@@ -196,7 +202,40 @@ class ValidationScoreCallback(TuneReportCallback):
                 model, _ = load_trained_model(self._cfg, directory, rows.num_known, rows.num_novel)
             y_pred = predict(model, list(rows.features.split(self._cfg.data.eval_batch_size)), torch.device("cpu"))
             row.update(validation_scores(rows.labels, y_pred, rows.num_known, rows.train_counts))
-        super().after_report(run_context, [row], checkpoint)
+            row[CHECKPOINT_PATH_KEY] = checkpoint.path  # as TuneReportCallback: Tune keeps the path
+        self._results.put(row)
+
+
+def fit_reporting_to_tune(fit, results, poll_s: float = 0.5):
+    """Run ``fit()`` (a TorchTrainer's) in a helper thread and ``tune.report`` what arrives on ``results``
+    from the calling thread, the trial's own; return ``fit()``'s value once every result is reported (its
+    error is raised). Reporting from the function's thread keeps Tune's one-slot result queue single-producer:
+    the function's end-of-trial report comes after the last epoch, never beside it (see the module note)."""
+    import threading
+    from ray.util.queue import Empty
+
+    outcome: dict[str, Any] = {}
+
+    def target():
+        try:
+            outcome["value"] = fit()
+        except BaseException as error:  # noqa: BLE001 - re-raised in the trial's thread
+            outcome["error"] = error
+
+    runner = threading.Thread(target=target, name="torch-trainer-fit", daemon=True)
+    runner.start()
+    while True:
+        finished = not runner.is_alive()  # checked before the get: a result put before the end is seen
+        try:
+            tune.report(results.get(timeout=poll_s))
+            continue
+        except Empty:
+            if not finished:
+                continue
+        runner.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
 
 
 def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> None:
@@ -206,6 +245,7 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     the workers) come through ``tune.with_parameters``, so credentials stay out of the stored experiment.
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.util.queue import Queue
 
     from .num_novel import model_num_novel
     from .run_data import load_training_data, model_for_table
@@ -222,8 +262,9 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     workers, use_gpu = settings.workers, settings.gpus_per_trial > 0
     resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": settings.gpus_per_trial / workers} if use_gpu else {})}
     storage_fs, storage_path = ray_storage(settings.train_storage)
-    scoring = ValidationScoreCallback(cfg, ray.put(ScoringRows.of(data.features)), env)
-    run_torch_trainer(
+    results = Queue(maxsize=1, actor_options={"num_cpus": 0})
+    scoring = ValidationScoreCallback(cfg, ray.put(ScoringRows.of(data.features)), env, results)
+    fit_reporting_to_tune(lambda: run_torch_trainer(
         cfg, data, _train_worker_in_trial,
         actor_name=f"buffer-tune-{trial_id}-{uuid.uuid4().hex[:6]}",
         num_novel=model_num_novel(cfg, data.summary),
@@ -234,7 +275,7 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              failure_config=FailureConfig(max_failures=cfg.run.max_failures),
                              callbacks=[scoring]),
-    )
+    ), results)
 
 
 def trainable(settings: TrialSettings):

@@ -133,3 +133,65 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
     assert main(argv + ["--resume"]) == 0  # Tuner.restore of the finished experiment: same trials, no retraining
     again = json.loads((out / "search.json").read_text())
     assert sorted(t["trial"] for t in again["trials"]) == sorted(t["trial"] for t in search["trials"])
+
+
+class _SlowDriver:
+    """A Tune callback that takes ``seconds`` per result: the driver of a loaded machine, made repeatable."""
+
+    def __init__(self, seconds: float):
+        from ray import tune
+
+        class Slow(tune.Callback):
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                import time
+
+                time.sleep(seconds)
+
+        self.callback = Slow()
+
+
+def _trial_wrapping_a_torch_trainer(config: dict) -> None:
+    """A function trial as the service runs it: a TorchTrainer whose Train callback hands each epoch to
+    :func:`fit_reporting_to_tune` through a one-slot queue."""
+    import ray.train
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.util.queue import Queue
+
+    from ncdlr.service.tune import fit_reporting_to_tune
+
+    def worker(_):
+        for epoch in range(1, 4):
+            ray.train.report({"epoch": epoch})
+
+    class Forward(ray.train.UserCallback):
+        def __init__(self, queue):
+            self.queue = queue
+
+        def after_report(self, run_context, metrics, checkpoint):
+            self.queue.put(dict(metrics[0]))
+
+    results = Queue(maxsize=1, actor_options={"num_cpus": 0})
+    trainer = TorchTrainer(worker, scaling_config=ScalingConfig(num_workers=1),
+                           run_config=RunConfig(name=f"t-{tune.get_context().get_trial_id()}",
+                                                storage_path=config["storage"], callbacks=[Forward(results)]))
+    fit_reporting_to_tune(trainer.fit, results)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_trial_ends_with_its_last_epoch_reported_even_when_the_tune_driver_lags(ray_local, tmp_path):
+    """Regression: with Ray's ``TuneReportCallback`` a driver slower than the trial (a loaded CI machine) let
+    ``fit()`` return while the last epoch still waited for the trial's main thread; the end-of-trial report then
+    filled Tune's one-slot queue first and the trial stayed RUNNING forever (the search test hung to the 600 s
+    timeout). A callback that sleeps 2 s per result makes that order certain; the trial must end, all epochs in."""
+    from ray import tune
+
+    tuner = tune.Tuner(tune.with_resources(_trial_wrapping_a_torch_trainer, {"CPU": 0.01}),
+                       param_space={"storage": str(tmp_path / "train")},
+                       run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0,
+                                                 callbacks=[_SlowDriver(2.0).callback]))
+    results = tuner.fit()
+    assert results.num_errors == 0
+    assert results[0].metrics["epoch"] == 3 and results[0].metrics["training_iteration"] == 3
