@@ -100,6 +100,12 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # softer self-labels: the Sinkhorn ε doubled (0.05 → 0.1), so the MSE pull is towards a blend of prototypes rather
     # than one (a candidate against the clusters' fit to the training images, benchmarks/carry.py)
     "ncdlr-eps01": {"labeler": {"eps": 0.1}},
+    # mixup across the images of a batch (optim.mixup: λ ~ Beta(1, 1), chosen before any run as the middle of the
+    # values the mixup papers use; on the cache: the activations before the trained block): a candidate against
+    # the clusters' fit to the training images (they carry to unseen crops and centre views, not to new images)
+    "ncdlr-mix": {"optim": {"mixup": 1.0}},
+    "uno-mix": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
+                "labeler": {"prior": "uniform", "use_buffer": False}, "optim": {"mixup": 1.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

@@ -45,6 +45,7 @@ class AutoNovel(Method):
     name = "autonovel"
     default_loss = "ce"
     requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
+    soft_novel_targets = False  # pairwise labels: mixup blends only the known rows
 
     def __init__(self, cfg: MethodConfig):
         super().__init__(cfg)

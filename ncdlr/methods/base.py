@@ -70,6 +70,9 @@ class Method(abc.ABC):
     #: Settings (``section.key`` → value) this method needs. The service applies them as defaults under the
     #: user's explicit settings and refuses an explicit contradiction before training starts.
     requires: ClassVar[Mapping[str, object]] = {}
+    #: :meth:`novel_targets` gives soft pseudo-labels ``[2, B, Ku]`` that mixup can blend (``optim.mixup``);
+    #: AutoNovel's pairwise targets cannot be blended, so its mixed rows get the known-class term only
+    soft_novel_targets: ClassVar[bool] = True
 
     def __init__(self, cfg: MethodConfig, labeler: AdaptiveSelfLabeler | None = None):
         loss = self.default_loss if cfg.loss == "auto" else cfg.loss

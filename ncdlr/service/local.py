@@ -58,7 +58,7 @@ def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device |
     method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior)
     if method.uses_buffer:
         method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel, device))
-    state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device))
+    state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device), seed=cfg.run.seed)
     compile_forward(state, cfg.optim)
     return state
 

@@ -12,6 +12,10 @@ One step on rank ``r`` of ``W`` (``B`` known + ``B`` novel rows, two views each)
    gathered, solved over the shared buffer, this rank's labels kept).
 4. ``L_u``: the method's novel loss (swapped prediction); ``L = L_s + α L_u``; AdamW step; the LR schedule
    (linear warm-up, then cosine to ``min_lr``) advances per step.
+
+With ``optim.mixup`` (off by default) the second views of the known and the novel rows are also blended with
+other rows of the batch (:mod:`ncdlr.methods.mixup`) and pass through the same forward; ``L`` gains
+``L_s^mix + α L_u^mix`` against the same blend of their targets (labels; the other view's pseudo-labels).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ncdlr.data.features import FeatureSplits
 from ncdlr.data.transforms import normalise_chw_torch
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.methods import Method
+from ncdlr.methods.mixup import MixPlan, draw_mix, mix_rows, mixed_loss
 from ncdlr.models import NCDModel
 
 from .config import DataConfig, OptimConfig
@@ -93,6 +98,7 @@ class WorkerState:
     tau_history: list[float] = field(default_factory=list)
     forward: torch.nn.Module | None = None  # DDP wrapper of ``model`` when distributed, else None (use model)
     discovery_from: int = 0  # first global step with self-labeling and the novel loss (optim.known_warmup_epochs)
+    seed: int = 0  # the run's seed: with the step and the rank it draws each step's mixup pairing (optim.mixup)
 
     @property
     def discovery_step(self) -> int:
@@ -118,7 +124,7 @@ def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float):
 
 
 def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, steps_per_epoch: int,
-                       device: torch.device) -> WorkerState:
+                       device: torch.device, seed: int = 0) -> WorkerState:
     """AdamW over the trainable parameters and the LR schedule; the model and the method's labeler on ``device``."""
     model.to(device)
     if optim.channels_last:
@@ -133,7 +139,7 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
     warm = max(1, int(round(optim.warmup_epochs * steps_per_epoch)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warm, optim.min_lr / optim.lr))
     return WorkerState(model, method, optimizer, scheduler, device,
-                       discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)))
+                       discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)), seed=seed)
 
 
 def compile_forward(state: WorkerState, optim: OptimConfig) -> None:
@@ -159,12 +165,15 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         # still sees them, e.g. in batch-norm statistics). masked_fill_, not boolean indexing: no device sync.
         rows = torch.cat([known_valid, known_valid, novel_valid, novel_valid])
         x.masked_fill_(~rows[:, None, None, None], 0.0)  # x is [4B, 3, H, W] (normalise_chw_torch checked)
+    mix = mix_plans(state, batch, optim.mixup)
+    if mix is not None:  # the mixed second views ride in the same forward (one pass; DDP-safe)
+        x = torch.cat([x, mix_rows(x[b:2 * b], mix[0]), mix_rows(x[3 * b:], mix[1])])
     if optim.channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     use_amp = optim.amp and device.type == "cuda"
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
         z = (model if state.forward is None else state.forward)(x).float()
-    zk1, zk2, zn1, zn2 = z.split(b)
+    zk1, zk2, zn1, zn2, *z_mix = z.split(b)
     labels = batch.known_labels.to(device)
     if known_valid.any():
         loss_s = method.known_loss(model, zk1[known_valid], zk2[known_valid], labels[known_valid])
@@ -176,17 +185,31 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         q, times = method.novel_targets(model, zn1, zn2, novel_valid, state.discovery_step)
         loss_u = method.novel_loss(model, zn1, zn2, q, novel_valid) if novel_valid.any() else z.sum() * 0.0
     loss = loss_s + optim.alpha * loss_u
+    loss_mix = z.sum() * 0.0
+    if mix is not None:
+        loss_mix = mixed_loss(method, model, z_mix, mix, labels, q if state.discovery_step >= 0 else None, optim.alpha)
+        loss = loss + loss_mix
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     state.optimizer.step()
     state.scheduler.step()
     state.step += 1
     return {
-        "loss": loss.item(), "loss_s": loss_s.item(), "loss_u": loss_u.item(),
+        "loss": loss.item(), "loss_s": loss_s.item(), "loss_u": loss_u.item(), "loss_mix": loss_mix.item(),
         "tau": method.imbalance_factor,
         "bad_images": float((~batch.known_valid).sum() + (~batch.novel_valid).sum()),
         "exchange_s": times["exchange"], "ot_s": times["ot"],
     }
+
+
+def mix_plans(state: WorkerState, batch: PairedBatch, alpha: float) -> tuple[MixPlan, MixPlan] | None:
+    """The step's mixup pairings (known rows, novel rows), drawn from (run seed, step, rank, which); None when
+    ``optim.mixup`` is 0. Seeded per step, so a resumed run pairs the rows as an uninterrupted one."""
+    if alpha <= 0:
+        return None
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return (draw_mix(batch.known_valid, alpha, [state.seed, state.step, rank, 0]),
+            draw_mix(batch.novel_valid, alpha, [state.seed, state.step, rank, 1]))
 
 
 def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimConfig, on_step=None

@@ -42,7 +42,7 @@ def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.
     num_novel = model_num_novel(cfg, summary)  # model.num_novel (resolved by fit) or the data's Ku
     model = build_model(cfg.model, summary.num_known, num_novel, image_size=cfg.data.image_size)
     method = build_method(cfg.method, cfg.labeler, num_novel, fixed_prior=fixed_prior_counts(cfg, summary))
-    state = build_worker_state(cfg.optim, model, method, steps, device)
+    state = build_worker_state(cfg.optim, model, method, steps, device, seed=cfg.run.seed)
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 

@@ -194,9 +194,12 @@ def test_image_batches_pad_dropped_rows_and_carry_the_scaling_of_uint8_views():
         list(image_batches([{"known": mixed, "novel": side(4, torch.uint8, True)}], 4))
 
 
-def test_bad_images_do_not_enter_the_losses(splits):
-    """Rows marked invalid (undecodable images, zero views) change nothing, whatever their content."""
+@pytest.mark.parametrize("mixup", [0.0, 0.4])
+def test_bad_images_do_not_enter_the_losses(splits, mixup):
+    """Rows marked invalid (undecodable images, zero views) change nothing, whatever their content (with mixup:
+    nor do the mixed rows they were blended into)."""
     cfg = small_config()
+    cfg.optim.mixup = mixup
     batch = next(batches(splits, cfg))
     batch.known_valid[:3] = False
     batch.novel_valid[-2:] = False
@@ -214,6 +217,37 @@ def test_bad_images_do_not_enter_the_losses(splits):
     assert stats_a["loss"] == pytest.approx(stats_b["loss"], abs=1e-6)
     for p, q in zip(a.model.parameters(), b.model.parameters()):
         assert torch.allclose(p, q, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["ncdlr", "uno", "autonovel"])
+def test_a_mixup_step_adds_the_mixed_rows_loss_and_leaves_the_clean_views_targets_alone(splits, method):
+    """``optim.mixup``: the same batch gives the same clean losses and pseudo-labels (the OT problem, the buffer
+    and τ see only the clean views) plus a positive mixed-rows term, and every method trains with it."""
+    cfg = small_config()
+    cfg.method.name = method
+    if method != "ncdlr":
+        cfg.model.prototypes, cfg.labeler.use_buffer, cfg.labeler.prior = "learnable", False, "uniform"
+    batch = next(batches(splits, cfg))
+    plain, mixed = new_state(cfg, splits), new_state(cfg, splits)
+    mixed_cfg = copy.deepcopy(cfg)
+    mixed_cfg.optim.mixup = 0.4
+    a, b = train_step(plain, batch, cfg.optim), train_step(mixed, batch, mixed_cfg.optim)
+    assert a["loss_mix"] == 0.0 and b["loss_mix"] > 0.0
+    assert b["loss_s"] == pytest.approx(a["loss_s"]) and b["loss_u"] == pytest.approx(a["loss_u"])
+    assert b["loss"] == pytest.approx(a["loss"] + b["loss_mix"], rel=1e-5)
+    assert b["tau"] == pytest.approx(a["tau"])
+    if method == "ncdlr":
+        assert torch.equal(buffer_of(plain).buffer.rows, buffer_of(mixed).buffer.rows)
+    metrics = run_epoch(mixed, batches(splits, mixed_cfg, epoch=1), mixed_cfg.optim)
+    assert metrics["loss_mix"] > 0.0 and all(torch.isfinite(p).all() for p in mixed.model.parameters())
+
+
+def test_a_mixup_run_is_refused_a_negative_beta_parameter():
+    from ncdlr.service.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="optim.mixup"):
+        load_config(overrides=["--optim.mixup", "-0.2"])
+    assert load_config(overrides=["--mixup", "0.4"]).optim.mixup == 0.4
 
 
 # ---- distributed ≡ single process (gloo, two local processes, no Ray) -------------------------------------------
@@ -295,8 +329,11 @@ def _train(state, cfg, splits, epochs):
     return history
 
 
-def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path):
+@pytest.mark.parametrize("mixup", [0.0, 0.4])
+def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup):
+    """With mixup too: each step's pairing is drawn from (seed, step, rank), so a resumed run pairs as before."""
     cfg = small_config()
+    cfg.optim.mixup = mixup
     cfg.data.max_steps_per_epoch = 5
     full = new_state(cfg, splits)
     full_history = _train(full, cfg, splits, 3)
