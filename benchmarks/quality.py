@@ -30,7 +30,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-true (fixed true novel counts), ncdlr-free; ncdlr-anchored (ours: KL towards w(τ̂), τ̂ = the known
   classes' imbalance, instead of towards uniform); ncdlr-kw and uno-kw (the first epoch on the known classes
   alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512); ncdlr-m09
-  and ncdlr-j2048-m09 (τ's SGD momentum 0.9 instead of 0.99); ncdlr-eps01 (Sinkhorn ε 0.1: softer self-labels).
+  and ncdlr-j2048-m09 (τ's SGD momentum 0.9 instead of 0.99); ncdlr-eps01 (Sinkhorn ε 0.1: softer self-labels);
+  ncdlr-mix and uno-mix (optim.mixup = 1: mixup across the images of a batch, λ ~ Beta(1, 1)).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
