@@ -4,14 +4,17 @@ Both steps are the service's ``train_step`` (ncdlr, buffer, labeler) on ``effici
 block trained, B known + B novel rows and two views each: image mode on ``[4B, 3, S, S]`` crops (the frozen
 stem runs every step; decoding and cropping are NOT counted, which favours image mode), cache mode on the stem's
 ``[4B, 192, s, s]`` activations (``model.cached_blocks = 1``). The baseline (image mode) is measured in the same
-run, interleaved, so the ratio holds on a noisy machine. One JSON line.
+run, interleaved, so the ratio holds on a noisy machine. With ``--mixup A`` a third mode, the cache step with
+``optim.mixup = A`` (2B more rows through the trained block), is interleaved too and priced against the plain cache
+step (``mixup_cost``). One JSON line.
 
-Usage:  .venv/bin/python benchmarks/bench_cache.py [--batch 32] [--size 160] [--steps 6] [--threads 1]
+Usage:  .venv/bin/python benchmarks/bench_cache.py [--batch 32] [--size 160] [--steps 6] [--threads 1] [--mixup 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=160, help="crop side in pixels")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per mode (after one warm-up step)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mixup", type=float, default=0.0,
+                        help="also time the cache step with optim.mixup = this Beta parameter (0: not timed)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = Config()
@@ -57,19 +62,29 @@ def main(argv: list[str] | None = None) -> int:
         acts = [image_model.encoder.eval().stem(c, 1) for c in crops]
     labels, valid = torch.randint(0, 22, (b,)), torch.ones(b, dtype=torch.bool)
     states = {"image": (state_for(cfg, image_model), crops), "cache": (state_for(cfg, cached_model), acts)}
-    times: dict[str, list[float]] = {"image": [], "cache": []}
+    mixed = copy.deepcopy(cfg.optim)
+    mixed.mixup = args.mixup
+    if args.mixup > 0:
+        mixup_model = build_model(cfg.model, 22, 21, image_size=args.size)
+        mixup_model.load_state_dict(image_model.state_dict())
+        states["mixup"] = (state_for(cfg, mixup_model), acts)
+    times: dict[str, list[float]] = {mode: [] for mode in states}
     for step in range(args.steps + 1):
         for mode, (state, views) in states.items():
             batch = PairedBatch(views[0], views[1], labels, valid, views[2], views[3], valid)
             start = time.perf_counter()
-            train_step(state, batch, cfg.optim)
+            train_step(state, batch, mixed if mode == "mixup" else cfg.optim)
             if step:  # the first step of each mode warms up
                 times[mode].append(time.perf_counter() - start)
     image_s, cache_s = statistics.median(times["image"]), statistics.median(times["cache"])
+    extra = {}
+    if args.mixup > 0:
+        mixup_s = statistics.median(times["mixup"])
+        extra = {"mixup": args.mixup, "mixup_step_s": round(mixup_s, 4), "mixup_cost": round(mixup_s / cache_s, 2)}
     print(json.dumps({"batch": b, "size": args.size, "threads": args.threads, "activation_shape": list(acts[0].shape[1:]),
                       "image_step_s": round(image_s, 4), "cache_step_s": round(cache_s, 4),
                       "speedup": round(image_s / cache_s, 2),
-                      "image_views_per_s": round(4 * b / image_s, 1), "cache_views_per_s": round(4 * b / cache_s, 1)}))
+                      "image_views_per_s": round(4 * b / image_s, 1), "cache_views_per_s": round(4 * b / cache_s, 1), **extra}))
     return 0
 
 

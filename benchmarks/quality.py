@@ -348,6 +348,7 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
     "warmup": ("optim.known_warmup_epochs", (0.0, 1.0), 0.0),
     "momentum": ("labeler.momentum", (0.99, 0.9), 0.99),
     "epochs": ("optim.epochs", (10, 20), 10),
+    "mixup": ("optim.mixup", (0.0, 1.0), 0.0),
 }
 
 
@@ -494,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted(SETTING_REHEARSALS),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
-                             "(labeler.momentum 0.99 or 0.9), epochs (optim.epochs 10 or 20)")
+                             "(labeler.momentum 0.99 or 0.9), epochs (optim.epochs 10 or 20), mixup "
+                             "(optim.mixup 0 or 1)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
