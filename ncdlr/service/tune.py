@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import threading
 import uuid
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -46,6 +47,7 @@ import torch
 from ray import tune
 from ray.train import UserCallback
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
+from ray.util.queue import Empty, Queue
 
 from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.data.storage import is_s3, join
@@ -211,9 +213,6 @@ def fit_reporting_to_tune(fit, results, poll_s: float = 0.5):
     from the calling thread, the trial's own; return ``fit()``'s value once every result is reported (its
     error is raised). Reporting from the function's thread keeps Tune's one-slot result queue single-producer:
     the function's end-of-trial report comes after the last epoch, never beside it (see the module note)."""
-    import threading
-    from ray.util.queue import Empty
-
     outcome: dict[str, Any] = {}
 
     def target():
@@ -228,14 +227,13 @@ def fit_reporting_to_tune(fit, results, poll_s: float = 0.5):
         finished = not runner.is_alive()  # checked before the get: a result put before the end is seen
         try:
             tune.report(results.get(timeout=poll_s))
-            continue
         except Empty:
-            if not finished:
-                continue
-        runner.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome.get("value")
+            if finished:
+                break
+    runner.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> None:
@@ -245,7 +243,6 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     the workers) come through ``tune.with_parameters``, so credentials stay out of the stored experiment.
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.util.queue import Queue
 
     from .num_novel import model_num_novel
     from .run_data import load_training_data, model_for_table

@@ -6,10 +6,12 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+from ray import tune
 
 from ncdlr.service.config import load_config
 from ncdlr.service.tune import UNIFORM
@@ -91,8 +93,6 @@ def test_the_searched_fields_are_not_offered_as_overrides():
 
 
 def _no_placement_group_left(wait_s: float = 20.0) -> bool:
-    import time
-
     from ray.util.placement_group import placement_group_table
 
     deadline = time.monotonic() + wait_s
@@ -135,19 +135,14 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
     assert sorted(t["trial"] for t in again["trials"]) == sorted(t["trial"] for t in search["trials"])
 
 
-class _SlowDriver:
+class _SlowDriver(tune.Callback):
     """A Tune callback that takes ``seconds`` per result: the driver of a loaded machine, made repeatable."""
 
     def __init__(self, seconds: float):
-        from ray import tune
+        self.seconds = seconds
 
-        class Slow(tune.Callback):
-            def on_trial_result(self, iteration, trials, trial, result, **info):
-                import time
-
-                time.sleep(seconds)
-
-        self.callback = Slow()
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        time.sleep(self.seconds)
 
 
 def _trial_wrapping_a_torch_trainer(config: dict) -> None:
@@ -180,18 +175,15 @@ def _trial_wrapping_a_torch_trainer(config: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_a_trial_ends_with_its_last_epoch_reported_even_when_the_tune_driver_lags(ray_local, tmp_path):
     """Regression: with Ray's ``TuneReportCallback`` a driver slower than the trial (a loaded CI machine) let
     ``fit()`` return while the last epoch still waited for the trial's main thread; the end-of-trial report then
     filled Tune's one-slot queue first and the trial stayed RUNNING forever (the search test hung to the 600 s
     timeout). A callback that sleeps 2 s per result makes that order certain; the trial must end, all epochs in."""
-    from ray import tune
-
     tuner = tune.Tuner(tune.with_resources(_trial_wrapping_a_torch_trainer, {"CPU": 0.01}),
                        param_space={"storage": str(tmp_path / "train")},
                        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0,
-                                                 callbacks=[_SlowDriver(2.0).callback]))
+                                                 callbacks=[_SlowDriver(2.0)]))
     results = tuner.fit()
     assert results.num_errors == 0
     assert results[0].metrics["epoch"] == 3 and results[0].metrics["training_iteration"] == 3
