@@ -52,17 +52,12 @@ def draw_mix(valid: Tensor, alpha: float, seed: int | Sequence[int]) -> MixPlan:
     return MixPlan(perm, valid_cpu & valid_cpu[perm], lam)
 
 
-def mix_rows(x: Tensor, plan: MixPlan) -> Tensor:
-    """``λ x + (1 − λ) x[perm]`` for a batch ``x [B, ...]`` (images, activations or features; any float dtype;
-    uint8 images must be normalised first)."""
+def blend(x: Tensor, plan: MixPlan) -> Tensor:
+    """``λ x + (1 − λ) x[perm]`` for a batch ``x [B, ...]``: the inputs (images, activations or features; any
+    float dtype; uint8 images must be normalised first) and their soft targets ``[B, K]`` (rows summing to 1 stay
+    so) alike."""
     perm = plan.perm.to(x.device)
     return plan.lam * x + (1.0 - plan.lam) * x[perm]
-
-
-def mix_targets(q: Tensor, plan: MixPlan) -> Tensor:
-    """The blended targets ``λ q + (1 − λ) q[perm]`` of soft targets ``q [B, K]`` (rows sum to 1; detached)."""
-    perm = plan.perm.to(q.device)
-    return plan.lam * q + (1.0 - plan.lam) * q[perm]
 
 
 def mixed_loss(method: Method, model: PrototypeModel, z_mix: Sequence[Tensor], mix: tuple[MixPlan, MixPlan],
@@ -79,9 +74,9 @@ def mixed_loss(method: Method, model: PrototypeModel, z_mix: Sequence[Tensor], m
     keep = known_plan.keep.to(zk.device)
     if keep.any():
         onehot = torch.nn.functional.one_hot(labels.clamp(0, k - 1), k).float()  # invalid rows: any label, not kept
-        loss = loss + method.prototype_loss(zk[keep], prototypes, mix_targets(onehot, known_plan)[keep])
+        loss = loss + method.prototype_loss(zk[keep], prototypes, blend(onehot, known_plan)[keep])
     keep = novel_plan.keep.to(zn.device)
     if novel_targets is not None and method.soft_novel_targets and keep.any():
         q = pad_novel(novel_targets[0].to(zn.device), model.num_known)
-        loss = loss + alpha * method.prototype_loss(zn[keep], prototypes, mix_targets(q, novel_plan)[keep])
+        loss = loss + alpha * method.prototype_loss(zn[keep], prototypes, blend(q, novel_plan)[keep])
     return loss

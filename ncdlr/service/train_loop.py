@@ -34,7 +34,7 @@ from ncdlr.data.features import FeatureSplits
 from ncdlr.data.transforms import normalise_chw_torch
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.methods import Method
-from ncdlr.methods.mixup import MixPlan, draw_mix, mix_rows, mixed_loss
+from ncdlr.methods.mixup import MixPlan, blend, draw_mix, mixed_loss
 from ncdlr.models import NCDModel
 
 from .config import DataConfig, OptimConfig
@@ -167,7 +167,7 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         x.masked_fill_(~rows[:, None, None, None], 0.0)  # x is [4B, 3, H, W] (normalise_chw_torch checked)
     mix = mix_plans(state, batch, optim.mixup)
     if mix is not None:  # the mixed second views ride in the same forward (one pass; DDP-safe)
-        x = torch.cat([x, mix_rows(x[b:2 * b], mix[0]), mix_rows(x[3 * b:], mix[1])])
+        x = torch.cat([x, blend(x[b:2 * b], mix[0]), blend(x[3 * b:], mix[1])])
     if optim.channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     use_amp = optim.amp and device.type == "cuda"

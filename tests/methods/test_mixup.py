@@ -7,7 +7,7 @@ import torch
 
 from ncdlr.method_settings import LabelerConfig, MethodConfig
 from ncdlr.methods import build_method
-from ncdlr.methods.mixup import draw_mix, mix_rows, mix_targets
+from ncdlr.methods.mixup import blend, draw_mix
 
 
 def test_a_pairing_is_drawn_from_its_seed_and_keeps_only_rows_with_two_valid_sources():
@@ -26,9 +26,9 @@ def test_rows_and_targets_are_blended_with_the_same_lambda_and_partner():
     plan = draw_mix(torch.ones(5, dtype=torch.bool), 1.0, 7)
     x = torch.randn(5, 3, 4, 4)
     expected = torch.stack([plan.lam * x[i] + (1 - plan.lam) * x[plan.perm[i]] for i in range(5)])
-    assert torch.allclose(mix_rows(x, plan), expected)
+    assert torch.allclose(blend(x, plan), expected)
     q = torch.softmax(torch.randn(5, 6), 1)
-    blended = mix_targets(q, plan)
+    blended = blend(q, plan)
     assert torch.allclose(blended.sum(1), torch.ones(5))
     assert torch.allclose(blended[0], plan.lam * q[0] + (1 - plan.lam) * q[plan.perm[0]])
 
@@ -59,7 +59,7 @@ def test_the_loss_of_a_mixed_row_is_the_blend_of_its_two_sources_losses(loss):
     plan = draw_mix(torch.ones(6, dtype=torch.bool), 0.5, 11)
     onehot = torch.nn.functional.one_hot(y, 7).float()
     p = model.class_prototypes()
-    mixed = method.prototype_loss(z, p, mix_targets(onehot, plan))
+    mixed = method.prototype_loss(z, p, blend(onehot, plan))
     split = plan.lam * method.prototype_loss(z, p, onehot) + (1 - plan.lam) * method.prototype_loss(z, p, onehot[plan.perm])
     assert mixed == pytest.approx(float(split), rel=1e-5)
 
