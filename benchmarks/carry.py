@@ -14,13 +14,18 @@ names the clusters once and then predicts (``seed_spread.carried_correct``). Fou
    known class is wrong): what seed_spread.py calls "carried matching".
 
 So 1 → 2 is the fit to the very crops trained on, 2 → 3 the step to new images (and to the centre view), 3 → 4 the
-novel images lost to known classes. With ``--gap A B`` it also prints the paired difference A − B of each reading
+novel images lost to known classes. Two more columns come from the cells' own scores: the **headline** (the test
+split's novel class-mean accuracy under its own Hungarian matching, as docs/results.md's tables report it) and the
+**known** classes' test accuracy. With ``--gap A B`` it also prints the paired difference A − B of each reading
 over the seeds both have, and its standard error over those seeds.
+
+A variant ``NAME@E`` reads the cells of ``quality.py --epochs E`` (e.g. ``--gap ncdlr@5 ncdlr``).
 
 Usage::
 
     .venv/bin/python benchmarks/carry.py --datasets openclipart-cached openclipart-cached-p2 --variants ncdlr uno \\
         --results /work/cache/quality-hv [--gap ncdlr uno] [--groups]
+    .venv/bin/python benchmarks/carry.py --variants ncdlr@5 ncdlr --gap ncdlr@5 ncdlr --results /work/cache/quality-hv
 """
 
 from __future__ import annotations
@@ -40,7 +45,16 @@ from ncdlr.metrics import head_medium_tail  # noqa: E402
 from seed_spread import carried_correct, per_class_accuracy  # noqa: E402
 
 READINGS = ("seen crop", "unseen crop", "unseen image", "unseen image, all classes")
+SCORES = ("headline", "known")  # from the cell's own results (the test split's matching), not carried names
 GROUPS = ("head", "medium", "tail")
+
+
+def variant_epochs(spec: str) -> tuple[str, int | None]:
+    """``"ncdlr@5"`` → ``("ncdlr", 5)``; ``"ncdlr"`` → ``("ncdlr", None)`` (the dataset's default epochs)."""
+    name, _, epochs = spec.partition("@")
+    if epochs and not epochs.isdigit():
+        raise SystemExit(f"variant {spec!r}: the part after '@' must be an epoch count, e.g. ncdlr@5")
+    return name, int(epochs) if epochs else None
 
 
 def class_mean(correct: np.ndarray, y_true: np.ndarray, classes=None) -> float:
@@ -68,6 +82,7 @@ def readings(cell: dict, num_known: int, train_labels: np.ndarray, test_labels: 
               "unseen image": (carried(y_test, aware(cell["test_novel_pred"])[novel_test]), y_test),
               "unseen image, all classes": (carried(y_test, np.asarray(cell["test_pred"])[novel_test]), y_test)}
     out = {name: class_mean(correct, y) for name, (correct, y) in scored.items()}
+    out.update(headline=100 * cell["results"]["none"]["novel"], known=100 * cell["results"]["none"]["known"])
     for group, members in (groups or {}).items():
         out.update({f"{name}/{group}": class_mean(correct, y, members) for name, (correct, y) in scored.items()})
     return out
@@ -85,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_table_argument(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
-    print("| dataset | method | seeds | " + " | ".join(READINGS) + " | seen → unseen crop | unseen crop → image |")
-    print("|---|---|---|" + "---|" * (len(READINGS) + 2))
+    print("| dataset | method | seeds | " + " | ".join(READINGS) + " | seen → unseen crop | unseen crop → image | "
+          + " | ".join(SCORES) + " |")
+    print("|---|---|---|" + "---|" * (len(READINGS) + 2 + len(SCORES)))
     gaps = []
     for dataset in args.datasets:
         num_known, _, _, train_counts = read_class_summary(tables[dataset])
@@ -95,19 +111,22 @@ def main(argv: list[str] | None = None) -> int:
         groups = head_medium_tail(sorted({int(c) for c in train_labels}), train_counts)
         per_variant = {}
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
-            cells = quality.read_cells(args.results, dataset, variant, args.seeds, holdout_view=True)
+            name, epochs = variant_epochs(variant)
+            cells = quality.read_cells(args.results, dataset, name, args.seeds, holdout_view=True, epochs=epochs)
             per_variant[variant] = {s: readings(c, num_known, train_labels, test_labels, groups)
                                     for s, c in cells.items()}
         for variant in args.variants:
             rows = per_variant[variant]
             if not rows:
-                print(f"| {dataset} | {variant} | 0 | (no --holdout-view cells) |" + " |" * (len(READINGS) + 1))
+                print(f"| {dataset} | {variant} | 0 | (no --holdout-view cells) |"
+                      + " |" * (len(READINGS) + 1 + len(SCORES)))
                 continue
-            values = {r: np.array([row[r] for row in rows.values()]) for r in READINGS}
-            cols = [f"{v.mean():.1f} ± {v.std():.1f}" for v in values.values()]
+            values = {r: np.array([row[r] for row in rows.values()]) for r in READINGS + SCORES}
+            cols = [f"{values[r].mean():.1f} ± {values[r].std():.1f}" for r in READINGS]
             steps = [values["unseen crop"] - values["seen crop"], values["unseen image"] - values["unseen crop"]]
             print(f"| {dataset} | {variant} | {len(rows)} | " + " | ".join(cols) + " | "
-                  + " | ".join(f"{s.mean():+.1f}" for s in steps) + " |")
+                  + " | ".join(f"{s.mean():+.1f}" for s in steps) + " | "
+                  + " | ".join(f"{values[r].mean():.1f} ± {values[r].std():.1f}" for r in SCORES) + " |")
             if args.groups:
                 for group in GROUPS:
                     g = {r: np.array([row[f"{r}/{group}"] for row in rows.values()]) for r in READINGS}
@@ -119,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             a, b = (per_variant[v] for v in args.gap)
             seeds = sorted(set(a) & set(b))
             if len(seeds) >= 2:
-                gaps.append((dataset, seeds, {r: np.array([a[s][r] - b[s][r] for s in seeds]) for r in READINGS}))
+                gaps.append((dataset, seeds, {r: np.array([a[s][r] - b[s][r] for s in seeds])
+                                              for r in READINGS + SCORES}))
     for dataset, seeds, diff in gaps:
         se = {r: d.std(ddof=1) / np.sqrt(len(d)) for r, d in diff.items()}
         print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} over seeds {seeds}: "

@@ -262,15 +262,21 @@ def novel_predictions(run, x: torch.Tensor, num_known: int) -> list[int]:
 
 def clustering_trace(splits: FeatureSplits, trace: list[dict]):
     """An ``on_epoch`` hook recording how the novel TRAINING rows are clustered after each epoch (a diagnosis of
-    the seed spread; never used to select anything): :func:`novel_clustering`'s class-mean accuracy, the clusters
-    that received rows, the largest cluster's share, τ."""
+    the seed spread and of when the fit to the training images sets in; never used to select anything):
+    :func:`novel_clustering`'s class-mean accuracy, the clusters that received rows, the largest cluster's share,
+    τ, and the plain model's test scores so far (``test_novel``: the test split's own matching, ``test_known``;
+    fractions as :func:`evaluate` gives them). The model is read in eval mode and put back in train mode."""
 
     def on_epoch(epoch: int, run) -> None:
         accuracy, pred = novel_clustering(run, splits)
         sizes = np.bincount(pred, minlength=splits.num_novel)
+        run.model.eval()
+        test = evaluate(run, splits, posthoc=("none",))["none"]
+        run.model.train()
         trace.append({"epoch": epoch, "novel_train_acc": accuracy["all"],
                       "clusters_used": int((sizes > 0).sum()), "largest_share": float(sizes.max() / len(pred)),
-                      "tau": run.tau_history[-1] if run.tau_history else None})
+                      "tau": run.tau_history[-1] if run.tau_history else None,
+                      "test_novel": test["novel"], "test_known": test["known"]})
 
     return on_epoch
 
@@ -379,10 +385,12 @@ def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | N
                    f"{'-hv' if holdout_view else ''}.json")
 
 
-def read_cells(root: Path, dataset: str, variant: str, seeds: int, holdout_view: bool = False) -> dict[int, dict]:
-    """``{seed: cell}`` of the cached cells (default epochs, no trace) found for seeds ``0..seeds-1``; the
-    ``--holdout-view`` ones with ``holdout_view`` (for seed_spread.py and carry.py)."""
-    paths = {s: cell_path(root, dataset, variant, s, None, holdout_view=holdout_view) for s in range(seeds)}
+def read_cells(root: Path, dataset: str, variant: str, seeds: int, holdout_view: bool = False,
+               epochs: int | None = None) -> dict[int, dict]:
+    """``{seed: cell}`` of the cached cells (no trace) found for seeds ``0..seeds-1``: the dataset's default epochs,
+    or those of ``--epochs epochs``; the ``--holdout-view`` ones with ``holdout_view`` (for seed_spread.py and
+    carry.py)."""
+    paths = {s: cell_path(root, dataset, variant, s, epochs, holdout_view=holdout_view) for s in range(seeds)}
     return {s: json.loads(p.read_text()) for s, p in paths.items() if p.is_file()}
 
 

@@ -133,3 +133,18 @@ def test_table_overrides_name_a_cached_dataset_and_keep_the_other_defaults():
         quality.activation_tables(["openclipart-cached-p9=/tmp/x"])
     with pytest.raises(ValueError, match="DATASET=URI"):
         quality.activation_tables(["/work/cache/oc-p2-lite0-160-b1-v8"])
+
+
+def test_the_epoch_trace_reads_the_test_split_without_changing_the_run(one_torch_thread):
+    """``--trace`` scores the test split after every epoch (a diagnosis of when the fit to the training images sets
+    in). Reading it must not change training: the traced cell's final scores equal the untraced cell's, and its
+    last epoch's test scores are the final model's."""
+    quality = load_benchmark("quality")
+    splits = quality.synthetic_splits(0)
+    plain = quality.run_cell("synthetic", "ncdlr", 0, splits, 2)
+    traced = quality.run_cell("synthetic", "ncdlr", 0, splits, 2, trace=True)
+    assert traced["results"] == plain["results"] and traced["test_pred"] == plain["test_pred"]
+    assert [t["epoch"] for t in traced["trace"]] == [1, 2]
+    assert traced["trace"][-1]["test_novel"] == plain["results"]["none"]["novel"]
+    assert traced["trace"][-1]["test_known"] == plain["results"]["none"]["known"]
+    assert all(0 <= t["test_novel"] <= 1 for t in traced["trace"])
