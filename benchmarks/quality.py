@@ -31,7 +31,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   classes' imbalance, instead of towards uniform); ncdlr-kw and uno-kw (the first epoch on the known classes
   alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512); ncdlr-m09
   and ncdlr-j2048-m09 (τ's SGD momentum 0.9 instead of 0.99); ncdlr-eps01 (Sinkhorn ε 0.1: softer self-labels);
-  ncdlr-mix and uno-mix (optim.mixup = 1: mixup across the images of a batch, λ ~ Beta(1, 1)).
+  ncdlr-mix and uno-mix (optim.mixup = 1: mixup across the images of a batch, λ ~ Beta(1, 1)); ncdlr-avg and
+  uno-avg (optim.average_epochs = 2: evaluate a moving average of the weights, horizon 2 epochs).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
@@ -107,6 +108,12 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-mix": {"optim": {"mixup": 1.0}},
     "uno-mix": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
                 "labeler": {"prior": "uniform", "use_buffer": False}, "optim": {"mixup": 1.0}},
+    # a moving average of the weights evaluated instead of the last iterate (optim.average_epochs): the horizon, 2 of
+    # the 10 epochs, fixed before any run by the weight-averaging rule of thumb (average over the last ~20 % of the
+    # run); a candidate against the fit to the training images and the seed spread of the last iterate
+    "ncdlr-avg": {"optim": {"average_epochs": 2.0}},
+    "uno-avg": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
+                "labeler": {"prior": "uniform", "use_buffer": False}, "optim": {"average_epochs": 2.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

@@ -8,7 +8,10 @@ A checkpoint is one file ``state.pt`` holding only tensors, numbers, strings, li
 * ``buffer``: the shared FIFO of novel logits (``LogitBuffer.state_dict()``) and ``step`` (global step of
   its last push);
 * ``rng``: per-rank torch (and CUDA) generator states; ``epoch`` (epochs completed); ``config``;
-  ``metrics`` of the last epoch and ``tau_history`` (τ after every step, for the report).
+  ``metrics`` of the last epoch and ``tau_history`` (τ after every step, for the report);
+* ``average`` (only with ``optim.average_epochs`` > 0): the weights' moving average, ``{"model": model_state,
+  "n_averaged": count}``. Evaluation, prediction and export read it instead of ``model``
+  (:func:`inference_state`); ``model`` stays the last iterate that training resumes from.
 """
 
 from __future__ import annotations
@@ -67,8 +70,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any, labeler: nn.Module | None, buffer: dict | None, step: int, epoch: int,
                     rng: list[dict[str, Any]], config: dict, metrics: dict[str, float] | None = None,
-                    tau_history: list[float] | None = None) -> Path:
-    """Write ``directory/state.pt`` atomically (temp file then rename) and return its path."""
+                    tau_history: list[float] | None = None, average: nn.Module | None = None) -> Path:
+    """Write ``directory/state.pt`` atomically (temp file then rename) and return its path. ``average``: a
+    ``torch.optim.swa_utils.AveragedModel`` of ``model`` (``optim.average_epochs``), saved as well."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -86,6 +90,8 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
         "metrics": dict(metrics or {}),
         "tau_history": [float(v) for v in (tau_history or [])],
     }
+    if average is not None:
+        payload["average"] = {"model": model_state(average.module), "n_averaged": int(average.n_averaged)}
     tmp = directory / (FILENAME + ".tmp")
     torch.save(payload, tmp)
     tmp.replace(directory / FILENAME)
@@ -119,12 +125,20 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return payload
 
 
+def inference_state(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights to evaluate, predict with and export from a checkpoint ``payload``: the moving average when the
+    run kept one (``optim.average_epochs``), else the last iterate (``model``)."""
+    average = payload.get("average")
+    return average["model"] if average else payload["model"]
+
+
 def save_state(directory: str | Path, state, *, buffer: dict | None, rng: list[dict[str, Any]], config: dict,
                metrics: dict[str, float] | None = None) -> Path:
-    """Checkpoint a :class:`~ncdlr.service.train_loop.WorkerState` (rank 0's model, shared labeler/buffer)."""
+    """Checkpoint a :class:`~ncdlr.service.train_loop.WorkerState` (rank 0's model and moving average, shared
+    labeler/buffer)."""
     return save_checkpoint(directory, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler,
                            labeler=state.labeler, buffer=buffer, step=state.step, epoch=state.epoch, rng=rng,
-                           config=config, metrics=metrics, tau_history=state.tau_history)
+                           config=config, metrics=metrics, tau_history=state.tau_history, average=state.average)
 
 
 def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
@@ -142,6 +156,14 @@ def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
     state.step = int(payload["step"])
     state.epoch = int(payload["epoch"])
     state.tau_history = list(payload.get("tau_history", []))
+    if state.average is not None:
+        average = payload.get("average")
+        if average:  # the moving average goes on where it stopped
+            load_model_state(state.average.module, average["model"], source)
+            state.average.n_averaged.fill_(int(average["n_averaged"]))
+        else:  # a checkpoint from a run without one: the average starts over from the restored weights
+            state.average.n_averaged.zero_()
+        state.average.to(state.device)
     rng = payload.get("rng") or []
     if rng:
         set_rng_state(rng[rank] if rank < len(rng) else rng[0])

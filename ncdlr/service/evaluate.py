@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import load_checkpoint, load_model_state
+from .checkpoint import inference_state, load_checkpoint, load_model_state
 from .config import Config, load_yaml
 from .run_data import TrainingData, load_training_data, pipeline_config
 
@@ -24,12 +24,13 @@ log = logging.getLogger(__name__)
 
 
 def load_trained_model(cfg: Config, checkpoint: str, num_known: int, num_novel: int):
-    """Rebuild the model from ``cfg`` and load the checkpoint's trainable weights and buffers."""
+    """Rebuild the model from ``cfg`` and load the checkpoint's trainable weights and buffers (its moving average
+    when the run kept one: :func:`~ncdlr.service.checkpoint.inference_state`)."""
     from ncdlr.models import build_model
 
     payload = load_checkpoint(checkpoint)
     model = build_model(cfg.model, num_known, num_novel, image_size=cfg.data.image_size)
-    load_model_state(model, payload["model"], payload["source"])
+    load_model_state(model, inference_state(payload), payload["source"])
     return model.eval(), payload
 
 

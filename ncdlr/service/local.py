@@ -82,7 +82,8 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
         run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)
         if on_epoch is not None:
             on_epoch(epoch + 1, TrainedRun(model, state.method, list(state.tau_history), time.perf_counter() - start))
-    return TrainedRun(model.eval(), state.method, list(state.tau_history), time.perf_counter() - start)
+    final = state.averaged_model()  # the weights' moving average with optim.average_epochs > 0, else the last iterate
+    return TrainedRun(final.eval(), state.method, list(state.tau_history), time.perf_counter() - start)
 
 
 @torch.no_grad()

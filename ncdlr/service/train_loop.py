@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ncdlr.data.features import FeatureSplits
 from ncdlr.data.transforms import normalise_chw_torch
@@ -99,6 +100,12 @@ class WorkerState:
     forward: torch.nn.Module | None = None  # DDP wrapper of ``model`` when distributed, else None (use model)
     discovery_from: int = 0  # first global step with self-labeling and the novel loss (optim.known_warmup_epochs)
     seed: int = 0  # the run's seed: with the step and the rank it draws each step's mixup pairing (optim.mixup)
+    average: AveragedModel | None = None  # the weights' moving average (optim.average_epochs), updated every step
+
+    def averaged_model(self) -> NCDModel:
+        """The model to evaluate and export: the moving average's copy when ``optim.average_epochs`` > 0, else
+        ``model`` (the last iterate)."""
+        return self.model if self.average is None else self.average.module
 
     @property
     def discovery_step(self) -> int:
@@ -139,7 +146,18 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
     warm = max(1, int(round(optim.warmup_epochs * steps_per_epoch)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warm, optim.min_lr / optim.lr))
     return WorkerState(model, method, optimizer, scheduler, device,
-                       discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)), seed=seed)
+                       discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)), seed=seed,
+                       average=moving_average(model, optim.average_epochs, steps_per_epoch))
+
+
+def moving_average(model: NCDModel, horizon_epochs: float, steps_per_epoch: int) -> AveragedModel | None:
+    """``torch.optim.swa_utils.AveragedModel`` keeping an exponential moving average of ``model``'s parameters and
+    buffers (batch-norm statistics too) with decay ``1 − 1/(horizon_epochs · steps_per_epoch)``: a horizon in
+    epochs, so it carries across datasets of other sizes. None when ``horizon_epochs`` is 0 (off)."""
+    if horizon_epochs <= 0:
+        return None
+    decay = 1.0 - 1.0 / max(1.0, horizon_epochs * steps_per_epoch)
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
 def compile_forward(state: WorkerState, optim: OptimConfig) -> None:
@@ -193,6 +211,8 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
     loss.backward()
     state.optimizer.step()
     state.scheduler.step()
+    if state.average is not None:
+        state.average.update_parameters(model)
     state.step += 1
     return {
         "loss": loss.item(), "loss_s": loss_s.item(), "loss_u": loss_u.item(), "loss_mix": loss_mix.item(),

@@ -118,13 +118,14 @@ def _table_metadata(uri: str, endpoint_url: str | None) -> dict[str, Any]:
 
 
 def table_model(run: TrainedRun) -> nn.Module:
-    """The model exactly as trained (its input: what the run's table or dataset rows hold), in eval mode."""
+    """The model exactly as trained (its input: what the run's table or dataset rows hold), in eval mode: the
+    weights' moving average when the run kept one (``optim.average_epochs``), else the last iterate."""
     from ncdlr.models import build_model
 
-    from .checkpoint import load_model_state
+    from .checkpoint import inference_state, load_model_state
 
     model = build_model(run.cfg.model, run.num_known, run.num_novel, image_size=run.cfg.data.image_size)
-    load_model_state(model, run.payload["model"], run.payload["source"])
+    load_model_state(model, inference_state(run.payload), run.payload["source"])
     return model.eval()
 
 

@@ -156,12 +156,13 @@ def image_batches(paired, batch_size: int):
 
 
 def validate(state: WorkerState, splits: FeatureSplits) -> dict[str, float]:
-    """Cluster accuracy on the feature table's ``val`` split (never ``test``): ``val_all/known/novel``."""
+    """Cluster accuracy on the feature table's ``val`` split (never ``test``): ``val_all/known/novel``, of the model
+    the run will export (the weights' moving average with ``optim.average_epochs``)."""
     from ncdlr.metrics import cluster_accuracy
 
     from .train_loop import predict
 
-    pred = predict(state.model, (first_view(x) for x in splits.features["val"].split(1024)), state.device)
+    pred = predict(state.averaged_model(), (first_view(x) for x in splits.features["val"].split(1024)), state.device)
     scores = cluster_accuracy(splits.labels["val"].numpy(), pred, splits.num_known)
     return {f"val_{key}": float(scores[key]) for key in ("all", "known", "novel")}
 

@@ -15,7 +15,8 @@ from ncdlr.buffer import LocalBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.methods import Discovery
 from ncdlr.models import build_model
-from ncdlr.service.checkpoint import CheckpointError, load_checkpoint, restore_state, rng_state, save_state
+from ncdlr.service.checkpoint import (CheckpointError, inference_state, load_checkpoint, restore_state, rng_state,
+                                     save_state)
 from ncdlr.service.config import Config
 from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
 from ncdlr.service.local import local_state
@@ -250,6 +251,44 @@ def test_a_mixup_run_is_refused_a_negative_beta_parameter():
     assert load_config(overrides=["--mixup", "0.4"]).optim.mixup == 0.4
 
 
+def test_the_weights_moving_average_follows_every_step_and_leaves_training_alone(splits):
+    """``optim.average_epochs`` H: the state keeps an exponential moving average of the weights with decay
+    1 − 1/(H · steps per epoch), checked against the iterates by hand; training itself (losses, τ, the last
+    iterate) is the same as without it, and ``averaged_model()`` is the average (the last iterate when off)."""
+    cfg = small_config()
+    plain = new_state(cfg, splits)
+    avg_cfg = copy.deepcopy(cfg)
+    avg_cfg.optim.average_epochs = 0.5
+    averaged = new_state(avg_cfg, splits)
+    assert plain.average is None and plain.averaged_model() is plain.model
+    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
+    decay = 1 - 1 / (0.5 * steps)
+    expected = {n: p.detach().clone() for n, p in averaged.model.named_parameters()}
+    for i, batch in enumerate(batches(splits, cfg)):
+        if i == 3:
+            break
+        a, b = train_step(plain, batch, cfg.optim), train_step(averaged, batch, avg_cfg.optim)
+        timings = ("ot_s", "exchange_s")
+        assert {k: v for k, v in a.items() if k not in timings} == {k: v for k, v in b.items() if k not in timings}
+        for n, p in averaged.model.named_parameters():  # the first update copies, then the EMA
+            expected[n] = p.detach().clone() if i == 0 else decay * expected[n] + (1 - decay) * p.detach()
+    for (n, p), q in zip(plain.model.named_parameters(), averaged.model.parameters()):
+        assert torch.equal(p, q), n
+    mean = dict(averaged.averaged_model().named_parameters())
+    for n, value in expected.items():
+        torch.testing.assert_close(mean[n], value, rtol=1e-5, atol=1e-6)
+    last = dict(averaged.model.named_parameters())
+    assert any(not torch.equal(mean[n], last[n]) for n in last)  # three steps in, the average lags the iterate
+
+
+def test_an_averaged_run_is_refused_a_negative_horizon():
+    from ncdlr.service.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="optim.average_epochs"):
+        load_config(overrides=["--optim.average_epochs", "-1"])
+    assert load_config(overrides=["--average-epochs", "2"]).optim.average_epochs == 2.0
+
+
 # ---- distributed ≡ single process (gloo, two local processes, no Ray) -------------------------------------------
 
 def pseudo_labels_without_side_effects(state, batch, cfg, step, rank):
@@ -329,11 +368,13 @@ def _train(state, cfg, splits, epochs):
     return history
 
 
-@pytest.mark.parametrize("mixup", [0.0, 0.4])
-def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup):
-    """With mixup too: each step's pairing is drawn from (seed, step, rank), so a resumed run pairs as before."""
+@pytest.mark.parametrize("mixup, average", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5)])
+def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup, average):
+    """With mixup too: each step's pairing is drawn from (seed, step, rank), so a resumed run pairs as before.
+    With a moving average of the weights (``optim.average_epochs``) the average goes on where it stopped, and
+    evaluation reads it from the checkpoint (``inference_state``)."""
     cfg = small_config()
-    cfg.optim.mixup = mixup
+    cfg.optim.mixup, cfg.optim.average_epochs = mixup, average
     cfg.data.max_steps_per_epoch = 5
     full = new_state(cfg, splits)
     full_history = _train(full, cfg, splits, 3)
@@ -353,6 +394,17 @@ def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mix
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert resumed.tau_history == full.tau_history
+    if average:
+        for (name, a), b in zip(full.averaged_model().state_dict().items(), resumed.averaged_model().state_dict().values()):
+            assert torch.equal(a, b), name
+        assert int(resumed.average.n_averaged) == full.step
+        save_state(tmp_path / "end", resumed, buffer=None, rng=[rng_state()], config=cfg.to_dict())
+        exported = inference_state(load_checkpoint(tmp_path / "end"))
+        averaged = dict(resumed.averaged_model().named_parameters())
+        assert all(torch.equal(exported[n], averaged[n]) for n in averaged if averaged[n].requires_grad)
+        assert not all(torch.equal(exported[n], p) for n, p in resumed.model.named_parameters() if p.requires_grad)
+    else:
+        assert "average" not in load_checkpoint(tmp_path)
 
 
 def test_checkpoint_loads_with_weights_only(splits, tmp_path):

@@ -97,7 +97,8 @@ def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, 
     """Run storage and checkpoints on ``s3://`` (the rclone server), and a second run resumes from there; the
     terminal shows our epoch lines (relayed from rank 0), which also go to the run's ``train.log``. Half of the
     first epoch is the known-class warm-up, so the shared buffer actor's clock (self-labeling steps only) is
-    restored at another step than the training step's."""
+    restored at another step than the training step's. The resumed run keeps a moving average of the weights
+    (``--average-epochs``), which its checkpoint holds beside the last iterate."""
     from ncdlr.cli import main
 
     common = ["--features", feature_table, "--num-workers", "2", "--batch-size", "8", "--gamma", "5",
@@ -109,7 +110,9 @@ def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, 
     shown = capsys.readouterr().out
     assert "[ncdlr] epoch 1/1 done in" in shown and "RayTrainWorker" not in shown
     assert "[ncdlr] epoch 1/1 done in" in (tmp_path / "first" / "train.log").read_text()
-    assert main(["train", *common, "--epochs", "3", "--resume", first, "--output", str(tmp_path / "second")]) == 0
+    # the resumed run also keeps a moving average of the weights, started over from the restored ones
+    assert main(["train", *common, "--epochs", "3", "--resume", first, "--output", str(tmp_path / "second"),
+                 "--average-epochs", "0.5"]) == 0
     second_uri = (tmp_path / "second" / "checkpoint.txt").read_text().strip()
     assert second_uri.startswith(f"{s3_bucket}/runs/") and second_uri != first
     second = load_checkpoint(second_uri)
@@ -120,6 +123,8 @@ def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, 
     warmup = round(0.5 * before["step"])
     assert before["tau_history"][:warmup] == [pytest.approx(2.0)] * warmup  # τ waits at its start (t = 0) ...
     assert before["tau_history"][-1] != pytest.approx(2.0)  # ... then learns
+    assert "average" not in before and second["average"]["n_averaged"] == 2 * before["step"]
+    assert second["average"]["model"].keys() == second["model"].keys()
     assert second["buffer"]["rows"].shape == before["buffer"]["rows"].shape
     assert not torch.equal(second["buffer"]["rows"], before["buffer"]["rows"])
 
