@@ -356,12 +356,14 @@ def read_selection(path: Path) -> dict:
 
 #: ``--select-setting NAME``: a config key rehearsed on the known classes, its candidates and its default (kept unless
 #: beaten draw by draw by two standard errors). ``warmup``: the known-class warm-up, off against one epoch;
-#: ``momentum``: τ's SGD momentum, the authors' 0.99 against 0.9; ``epochs``: the training length, 10 against 20.
+#: ``momentum``: τ's SGD momentum, the authors' 0.99 against 0.9; ``epochs``: the training length, 10 against 20;
+#: ``mixup``: off against a = 1; ``average``: the last iterate against a moving average of the weights (2 epochs).
 SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
     "warmup": ("optim.known_warmup_epochs", (0.0, 1.0), 0.0),
     "momentum": ("labeler.momentum", (0.99, 0.9), 0.99),
     "epochs": ("optim.epochs", (10, 20), 10),
     "mixup": ("optim.mixup", (0.0, 1.0), 0.0),
+    "average": ("optim.average_epochs", (0.0, 2.0), 0.0),
 }
 
 
@@ -511,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
                              "(labeler.momentum 0.99 or 0.9), epochs (optim.epochs 10 or 20), mixup "
-                             "(optim.mixup 0 or 1)")
+                             "(optim.mixup 0 or 1), average (optim.average_epochs 0 or 2)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
