@@ -6,9 +6,11 @@ stem runs every step; decoding and cropping are NOT counted, which favours image
 ``[4B, 192, s, s]`` activations (``model.cached_blocks = 1``). The baseline (image mode) is measured in the same
 run, interleaved, so the ratio holds on a noisy machine. With ``--mixup A`` a third mode, the cache step with
 ``optim.mixup = A`` (2B more rows through the trained block), is interleaved too and priced against the plain cache
-step (``mixup_cost``). One JSON line.
+step (``mixup_cost``). With ``--average-epochs H`` another mode, the cache step that also updates a moving average
+of the weights (``optim.average_epochs = H``), priced the same way (``average_cost``). One JSON line.
 
 Usage:  .venv/bin/python benchmarks/bench_cache.py [--batch 32] [--size 160] [--steps 6] [--threads 1] [--mixup 1]
+            [--average-epochs 2]
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from ncdlr.service.config import Config  # noqa: E402
 from ncdlr.service.train_loop import PairedBatch, build_worker_state, train_step  # noqa: E402
 
 
-def state_for(cfg: Config, model):
+def state_for(cfg: Config, model, optim=None):
     method = build_method(cfg.method, cfg.labeler, model.num_novel)
     method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel, "cpu"))
-    return build_worker_state(cfg.optim, model, method, 100, torch.device("cpu"))
+    return build_worker_state(optim or cfg.optim, model, method, 100, torch.device("cpu"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mixup", type=float, default=0.0,
                         help="also time the cache step with optim.mixup = this Beta parameter (0: not timed)")
+    parser.add_argument("--average-epochs", type=float, default=0.0,
+                        help="also time the cache step with optim.average_epochs = this horizon (0: not timed)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = Config()
@@ -68,12 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         mixup_model = build_model(cfg.model, 22, 21, image_size=args.size)
         mixup_model.load_state_dict(image_model.state_dict())
         states["mixup"] = (state_for(cfg, mixup_model), acts)
+    averaged = copy.deepcopy(cfg.optim)
+    averaged.average_epochs = args.average_epochs
+    if args.average_epochs > 0:
+        average_model = build_model(cfg.model, 22, 21, image_size=args.size)
+        average_model.load_state_dict(image_model.state_dict())
+        states["average"] = (state_for(cfg, average_model, averaged), acts)
+    optim_of = {"mixup": mixed, "average": averaged}
     times: dict[str, list[float]] = {mode: [] for mode in states}
     for step in range(args.steps + 1):
         for mode, (state, views) in states.items():
             batch = PairedBatch(views[0], views[1], labels, valid, views[2], views[3], valid)
             start = time.perf_counter()
-            train_step(state, batch, mixed if mode == "mixup" else cfg.optim)
+            train_step(state, batch, optim_of.get(mode, cfg.optim))
             if step:  # the first step of each mode warms up
                 times[mode].append(time.perf_counter() - start)
     image_s, cache_s = statistics.median(times["image"]), statistics.median(times["cache"])
@@ -81,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.mixup > 0:
         mixup_s = statistics.median(times["mixup"])
         extra = {"mixup": args.mixup, "mixup_step_s": round(mixup_s, 4), "mixup_cost": round(mixup_s / cache_s, 2)}
+    if args.average_epochs > 0:
+        average_s = statistics.median(times["average"])
+        extra.update(average_epochs=args.average_epochs, average_step_s=round(average_s, 4),
+                     average_cost=round(average_s / cache_s, 2))
     print(json.dumps({"batch": b, "size": args.size, "threads": args.threads, "activation_shape": list(acts[0].shape[1:]),
                       "image_step_s": round(image_s, 4), "cache_step_s": round(cache_s, 4),
                       "speedup": round(image_s / cache_s, 2),
