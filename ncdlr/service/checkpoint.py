@@ -163,7 +163,6 @@ def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
             state.average.n_averaged.fill_(int(average["n_averaged"]))
         else:  # a checkpoint from a run without one: the average starts over from the restored weights
             state.average.n_averaged.zero_()
-        state.average.to(state.device)
     rng = payload.get("rng") or []
     if rng:
         set_rng_state(rng[rank] if rank < len(rng) else rng[0])

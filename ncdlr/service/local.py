@@ -103,12 +103,14 @@ def evaluate(run: TrainedRun, splits, split: str = "test", posthoc: tuple[str, .
     model, ks = run.model, splits.num_known
     z_test = embed(model, splits.features[split])
     logits = run.method.predict_logits(model, z_test)
-    z_known, z_novel = embed(model, splits.features["known"]), embed(model, splits.features["novel"])
-    novel_logits = run.method.predict_logits(model, z_novel)[:, ks:]
+    if any(kind != "none" for kind in posthoc):  # the post-hoc fixes need the training rows; the plain model not
+        z_known, z_novel = embed(model, splits.features["known"]), embed(model, splits.features["novel"])
+        novel_logits = run.method.predict_logits(model, z_novel)[:, ks:]
     out: dict[str, dict[str, float]] = {}
     for kind in posthoc:
-        scores = posthoc_scores(kind, z_test, logits, z_known, splits.labels["known"], z_novel, novel_logits,
-                                model.class_prototypes(), temperature=temperature, crt_epochs=crt_epochs, seed=seed)
+        scores = logits if kind == "none" else posthoc_scores(
+            kind, z_test, logits, z_known, splits.labels["known"], z_novel, novel_logits, model.class_prototypes(),
+            temperature=temperature, crt_epochs=crt_epochs, seed=seed)
         out[kind] = cluster_accuracy(splits.labels[split].numpy(), scores.argmax(1).numpy(), ks,
                                      train_counts=splits.train_counts())
     return out
