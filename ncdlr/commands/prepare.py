@@ -7,6 +7,7 @@ DATASET is one of
   herbarium19     Herbarium 2019 FGVC6, all 683 classes (342 known), natural tail
   cifar100-lt     CIFAR-100 python release, exponential tail per half (CIFAR100-50-50 / -50-100)
   imagenet100-lt  ImageNet-100 in ImageFolder layout, exponential tail per half
+  fashion-mnist   Debian dataset-fashion-mnist (IDX release): 10 real classes, exponential tail per half
   openclipart     Debian openclipart-png: real clipart, natural tail (43 classes, 5.2k images)
   synthetic       procedurally drawn shapes, written as an iNat-2018 release, prepared by inat18
 
@@ -27,13 +28,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ncdlr.data.builders import cifar100, herbarium19, imagenet100, inat18, openclipart, synthetic
+from ncdlr.data.builders import cifar100, fashion_mnist, herbarium19, imagenet100, inat18, openclipart, synthetic
 from ncdlr.data.builders.common import SourceFormatError
 from ncdlr.data.manifest import DatasetFormatError, Manifest
 from ncdlr.data.storage import StorageError
 
 NAME = "prepare"
-HELP = "prepare a dataset (iNat18, Herbarium19, CIFAR100-LT, ImageNet100-LT, OpenClipart, synthetic) as shards"
+HELP = ("prepare a dataset (iNat18, Herbarium19, CIFAR100-LT, ImageNet100-LT, Fashion-MNIST-LT, OpenClipart, synthetic) "
+        "as shards")
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +62,13 @@ def _verify(parser: argparse.ArgumentParser) -> None:
                              "the shards, where training counts and logs them). Recommended: verify (default)")
 
 
-def _ratios(parser: argparse.ArgumentParser, n_max: int) -> None:
+def _ratios(parser: argparse.ArgumentParser, n_max: int, why: str = "the per-class maximum of the source") -> None:
     parser.add_argument("--known-ratio", type=float, default=50.0, metavar="R",
                         help="R^s = head/tail images of the known classes. Paper: 50 (default 50)")
     parser.add_argument("--novel-ratio", type=float, default=50.0, metavar="R",
                         help="R^u of the novel classes. Paper: 50 or 100 (default 50)")
     parser.add_argument("--n-max", type=int, default=n_max, metavar="N",
-                        help=f"training images of each half's head class (default {n_max}, the per-class maximum "
-                             "of the source)")
+                        help=f"training images of each half's head class (default {n_max}, {why})")
 
 
 def _sub(subparsers: argparse._SubParsersAction, name: str, module: object, help_text: str) -> argparse.ArgumentParser:
@@ -114,6 +115,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _verify(p)
     _common(p, seed_help="Seed of the class split and of the shuffles inside each class.")
     p.set_defaults(_build=_build_imagenet100)
+
+    p = _sub(sub, "fashion-mnist", fashion_mnist, "Debian dataset-fashion-mnist → Fashion-MNIST-LT (real, offline)")
+    p.add_argument("--root", type=Path, default=fashion_mnist.DEFAULT_ROOT, metavar="DIR",
+                   help=f"folder with the four IDX files, gzipped or not (default {fashion_mnist.DEFAULT_ROOT}; "
+                        "install with: apt-get install dataset-fashion-mnist)")
+    _ratios(p, n_max=1000, why="of the source's 6000: 3180 training rows, a CPU-sized set with 10x more images per "
+                              "class than OpenClipart-LT's tail")
+    _common(p, seed_help="Seed of the class split and of the shuffles inside each class.")
+    p.set_defaults(_build=_build_fashion_mnist)
 
     p = _sub(sub, "openclipart", openclipart, "Debian openclipart-png → OpenClipart-LT (real, offline)")
     p.add_argument("--root", type=Path, default=openclipart.DEFAULT_ROOT, metavar="DIR",
@@ -175,6 +185,12 @@ def _build_imagenet100(args: argparse.Namespace, **kw: object) -> Manifest:
                                              novel_ratio=args.novel_ratio, n_max=args.n_max, seed=args.seed,
                                              verify=not args.no_verify)
     return imagenet100.build(config, args.out, **kw)
+
+
+def _build_fashion_mnist(args: argparse.Namespace, **kw: object) -> Manifest:
+    config = fashion_mnist.FashionMnistLTConfig(root=args.root, known_ratio=args.known_ratio,
+                                                novel_ratio=args.novel_ratio, n_max=args.n_max, seed=args.seed)
+    return fashion_mnist.build(config, args.out, **kw)
 
 
 def _build_openclipart(args: argparse.Namespace, **kw: object) -> Manifest:
