@@ -27,6 +27,7 @@ Datasets
                efficientnet_lite0 --image-size 96 --trainable-blocks 1 --views 8``): a second real set with about 3×
                OpenClipart-LT's images per class and a test split 10× larger; the same budget, γ = 0.5·Ku = 2.5. No
                default was ever chosen on it.
+  fashion-cached-p1, fashion-cached-p2  the same on the class partitions of ``prepare fashion-mnist --seed 1`` / ``2``.
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -129,7 +130,8 @@ LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdl
           ("+ASL, γ or uniform by the dataset's known-class rehearsal", "ncdlr-val"))
 #: activation-cache datasets and their default cache folders
 CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8",
-          "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8", "fashion-cached": "/work/cache/fm-lite0-96-b1-v8"}
+          "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8", "fashion-cached": "/work/cache/fm-lite0-96-b1-v8",
+          "fashion-cached-p1": "/work/cache/fm-p1-lite0-96-b1-v8", "fashion-cached-p2": "/work/cache/fm-p2-lite0-96-b1-v8"}
 
 
 def activation_tables(overrides: list[str]) -> dict[str, str]:
@@ -193,7 +195,7 @@ def dataset_config(name: str, epochs: int | None) -> Config:
         # γ = 0.5·Ku, the config's gamma_per_cluster: 10 (10.5 rounded, as every OpenClipart cell since session 7)
         # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5
         cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512
-        if name == "fashion-cached":
+        if name.startswith("fashion-cached"):
             cfg.labeler.gamma = 2.5
         cfg.model.head, cfg.model.trainable_blocks = "linear", 1
         cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 10, 1e-3, 1e-4, 1

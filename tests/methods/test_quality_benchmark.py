@@ -144,7 +144,7 @@ def test_every_cached_dataset_gets_the_cached_budget_with_gamma_half_its_novel_c
         cfg = quality.dataset_config(name, None)
         assert (cfg.data.batch_size, cfg.labeler.buffer_size, cfg.model.trainable_blocks) == (64, 512, 1)
         assert (cfg.optim.epochs, cfg.optim.lr, cfg.model.head) == (10, 1e-3, "linear")
-        assert cfg.labeler.gamma == (2.5 if name == "fashion-cached" else 10.0)
+        assert cfg.labeler.gamma == (2.5 if name.startswith("fashion-cached") else 10.0)
     assert quality.dataset_config("fashion-cached", 3).optim.epochs == 3
 
 
