@@ -18,7 +18,11 @@ clustering of the novel training rows (``novel_train``), and the test labels of 
   the clusters once and then predicts; with a small test split the per-split matching can pick, for each few-image
   class, whichever cluster happens to hold its images;
 - **images**: over pairs of seeds, the mean number of novel test images scored right by one seed and wrong by
-  the other (each seed under its own Hungarian matching), and of those in the tail classes.
+  the other (each seed under its own Hungarian matching), and of those in the tail classes;
+- **merged** (cells that kept ``test_novel_pred``): how many novel classes share their cluster with another novel
+  class — each class's cluster is where most of its test images go among the novel columns (task-aware,
+  :func:`merged_classes`), mean over the seeds. Three classes in one cluster count 3; a class split over two
+  clusters counts 0. With Ku clusters, every merge leaves a cluster to split some other class.
 
 With ``--gap A B`` (two variants) it also prints the **paired gap** A − B of test novel accuracy over the seeds both
 have, with two standard errors (:func:`paired_gap`): the seeds' (the spread of the per-seed differences) and the test
@@ -29,7 +33,7 @@ shrink.
 Usage::
 
     .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
-        --results /work/cache/quality-rec [--gap ncdlr uno]
+        --results /work/cache/quality-rec [--gap ncdlr uno] [--holdout-view]
 """
 
 from __future__ import annotations
@@ -66,6 +70,16 @@ def carried_correct(y_true: np.ndarray, test_pred, num_known: int, train_novel_l
     return named == np.asarray(y_true)
 
 
+def merged_classes(y_true: np.ndarray, novel_pred, novel_classes: list[int]) -> int:
+    """How many of ``novel_classes`` share their majority cluster with another of them: for each class, the most
+    frequent of the task-aware predictions ``novel_pred [N]`` (novel columns ``0..Ku-1``) over its test images of
+    ``y_true [N]``; a class with no test image is left out."""
+    pred = np.asarray(novel_pred)
+    majority = [int(np.bincount(pred[y_true == c]).argmax()) for c in novel_classes if (y_true == c).any()]
+    counts = np.bincount(majority) if majority else np.zeros(0, dtype=np.int64)
+    return int(sum(counts[m] > 1 for m in majority))
+
+
 def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: list[dict],
            train_novel_labels: np.ndarray | None = None) -> dict[str, float]:
     """The measures of the module docstring for one (dataset, variant) over ``cells`` (one per seed, each with
@@ -95,6 +109,8 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
     out["images_differing"] = np.mean([(correct[a] != correct[b])[novel_rows].sum() for a, b in pairs])
     out["tail_images_differing"] = np.mean([(correct[a] != correct[b])[tail].sum() for a, b in pairs])
     out["novel_test_images"], out["tail_test_images"] = int(novel_rows.sum()), int(tail.sum())
+    if all(c.get("test_novel_pred") is not None for c in cells):
+        out["merged"] = float(np.mean([merged_classes(y_true, c["test_novel_pred"], novel_classes) for c in cells]))
     if train_novel_labels is not None and all("novel_train_pred" in c for c in cells):
         carried = np.stack([carried_correct(y_true, c["test_pred"], num_known, train_novel_labels,
                                             c["novel_train_pred"]) for c in cells])  # [S, N]
@@ -144,34 +160,37 @@ def main(argv: list[str] | None = None) -> int:
                         "and the test split's standard errors")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
+    parser.add_argument("--holdout-view", action="store_true",
+                        help="read the cells of `quality.py --holdout-view` (*-hv.json) instead of the plain ones")
     quality.add_table_argument(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
           "| test resolution (binomial SE) | novel test images differing between two seeds (tail) "
-          "| test novel, carried matching |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| test novel, carried matching | novel classes sharing a cluster (of Ku) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for dataset in args.datasets:
-        num_known, _, _, train_counts = read_class_summary(tables[dataset])
+        num_known, num_novel, _, train_counts = read_class_summary(tables[dataset])
         labels = read_feature_table(tables[dataset], splits=("test", "novel")).labels
         y_true, train_novel_labels = labels["test"].numpy(), labels["novel"].numpy()
         kept = {}  # variant -> {seed: cell} of the cells that kept their test predictions
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
-            found = quality.read_cells(args.results, dataset, variant, args.seeds)
+            found = quality.read_cells(args.results, dataset, variant, args.seeds, holdout_view=args.holdout_view)
             kept[variant] = {s: c for s, c in found.items() if "test_pred" in c}
         for variant in args.variants:
             cells = list(kept[variant].values())
             if len(cells) < 2:
-                print(f"| {dataset} | {variant} | {len(cells)} | (fewer than two cells with test_pred) | | | | | |")
+                print(f"| {dataset} | {variant} | {len(cells)} | (fewer than two cells with test_pred) | | | | | | |")
                 continue
             r = spread(y_true, train_counts, num_known, cells, train_novel_labels)
             carried = (f"{r['test_novel_carried']:.1f} ± {r['test_novel_carried_std']:.1f}"
                        if "test_novel_carried" in r else "(cells without novel_train_pred)")
+            merged = f"{r['merged']:.1f} of {num_novel}" if "merged" in r else "(cells without test_novel_pred)"
             print(f"| {dataset} | {variant} | {r['seeds']} | {r['test_novel']:.1f} ± {r['test_novel_std']:.1f} | "
                   f"{r['train_novel']:.1f} ± {r['train_novel_std']:.1f} | {r['share_head']:.2f} / "
                   f"{r['share_medium']:.2f} / {r['share_tail']:.2f} | {r['resolution']:.1f} | "
                   f"{r['images_differing']:.0f} of {r['novel_test_images']} ({r['tail_images_differing']:.1f} of "
-                  f"{r['tail_test_images']}) | {carried} |")
+                  f"{r['tail_test_images']}) | {carried} | {merged} |")
         if args.gap:
             first, second = (kept[v] for v in args.gap)
             pairs = [(first[s], second[s]) for s in sorted(set(first) & set(second))]

@@ -92,3 +92,22 @@ def test_carried_matching_names_clusters_on_the_training_rows_not_on_the_test_im
                                correct=lambda c: seed_spread.carried_correct(y_true, c["test_pred"], 2, train_labels,
                                                                              c["novel_train_pred"]))
     assert g["gap"] == pytest.approx(75.0) and g["seed_se"] == 0.0
+
+
+def test_merged_counts_the_novel_classes_that_share_their_majority_cluster():
+    """Known 0, 1; novel 2..6 (Ku = 5). Classes 4, 5, 6 all go mostly to cluster 2, class 2 splits over clusters 0
+    and 3 (majority 0), class 3 goes to cluster 1, class 4 half to 3 and half to 2 (a tie goes to the lower column,
+    2): three classes share a cluster. The spread reads it per seed."""
+    seed_spread = load_benchmark("seed_spread")
+    y_true = np.array([0, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6])
+    novel_pred = np.array([4, 4, 0, 0, 3, 1, 1, 3, 2, 2, 2, 2, 2])
+    assert seed_spread.merged_classes(y_true, novel_pred, [2, 3, 4, 5, 6]) == 3
+    distinct = np.array([4, 4, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4])  # one cluster each: nothing merged
+    assert seed_spread.merged_classes(y_true, distinct, [2, 3, 4, 5, 6]) == 0
+    assert seed_spread.merged_classes(y_true, novel_pred, [2, 3, 4, 5, 6, 7]) == 3  # no test image: left out
+    test_pred = np.where(y_true >= 2, novel_pred + 2, y_true)
+    cells = [{"test_pred": test_pred.tolist(), "test_novel_pred": novel_pred.tolist(), "novel_train": {"all": 0.5}},
+             {"test_pred": test_pred.tolist(), "test_novel_pred": distinct.tolist(), "novel_train": {"all": 0.5}}]
+    assert seed_spread.spread(y_true, [9, 9, 8, 7, 6, 5, 4], 2, cells)["merged"] == pytest.approx(1.5)
+    del cells[1]["test_novel_pred"]
+    assert "merged" not in seed_spread.spread(y_true, [9, 9, 8, 7, 6, 5, 4], 2, cells)
