@@ -33,15 +33,15 @@ from ncdlr.data.builders.common import (
     Plan,
     SourceFormatError,
     class_table,
+    long_tail_info,
     long_tail_targets,
-    shortfall_report,
+    pick_long_tail,
     split_order,
-    subsample_order,
     write_plan,
 )
 from ncdlr.data.images import encode_png
 from ncdlr.data.longtail import split_known_novel
-from ncdlr.data.manifest import DatasetInfo, Manifest
+from ncdlr.data.manifest import Manifest
 from ncdlr.data.records import ImageRecord
 
 RELEASE_DIR = "cifar-100-python"
@@ -131,35 +131,21 @@ def plan(config: Cifar100LTConfig, *, progress: bool = True) -> Plan:
     names = [source_names[i] for i in order]
     targets = long_tail_targets(len(known), len(novel), config.n_max, config.known_ratio, config.novel_ratio)
 
-    records: list[ImageRecord] = []
-    got = []
-    for label, source in enumerate(order):
-        candidates = np.flatnonzero(train_labels == source)
-        kept = candidates[subsample_order(len(candidates), config.seed, source)[: targets[label]]]
-        got.append(len(kept))
-        split = "known" if label < len(known) else "novel"
-        records += [
-            ImageRecord(encode_png(train_pixels[i]), label, split, names[label], f"train/{i:05d}") for i in sorted(kept)
-        ]
+    picked, got = pick_long_tail(train_labels, order, targets, config.seed)
+    records = [
+        ImageRecord(encode_png(train_pixels[i]), label, "known" if label < len(known) else "novel", names[label],
+                    f"train/{i:05d}")
+        for i, label in picked
+    ]
     records += [
         ImageRecord(encode_png(test_pixels[i]), label_of[int(y)], "test", names[label_of[int(y)]], f"test/{i:05d}")
         for i, y in enumerate(test_labels)
     ]
     classes = class_table(names, len(known), (r.label for r in records if r.split != "test"))
-    info = DatasetInfo(
-        name=config.name or f"cifar100-lt-{config.known_ratio:g}-{config.novel_ratio:g}",
-        source=f"CIFAR-100 python release at {folder}",
-        seed=config.seed,
-        imbalance={"known": float(config.known_ratio), "novel": float(config.novel_ratio)},
-        extra={
-            "n_max": config.n_max,
-            "profile": "floor(n_max * R^(-c/(C_half-1))), rank c = label order inside each half",
-            "source_class_ids": order,
-            "short_classes": shortfall_report(names, targets, got),
-            "image_encoding": "PNG (lossless; the source holds raw pixels)",
-            "skipped_images": {"count": 0, "images": []},
-        },
-    )
+    info = long_tail_info(config.name or f"cifar100-lt-{config.known_ratio:g}-{config.novel_ratio:g}",
+                          f"CIFAR-100 python release at {folder}", config.seed,
+                          (config.known_ratio, config.novel_ratio), config.n_max, names, targets, got,
+                          source_class_ids=order, image_encoding="PNG (lossless; the source holds raw pixels)")
     return Plan(classes=classes, rows=split_order(records, config.seed), info=info)
 
 

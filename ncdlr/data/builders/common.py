@@ -272,6 +272,39 @@ def subsample_order(num_candidates: int, seed: int, class_key: str | int) -> np.
     return seeded_rng(seed, "subsample", class_key).permutation(num_candidates)
 
 
+def pick_long_tail(source_labels: np.ndarray, order: Sequence[int], targets: Sequence[int],
+                   seed: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The training images of an exponential-tail builder: for label ``l`` (source class ``order[l]``), the first
+    ``targets[l]`` of the seeded shuffle (:func:`subsample_order`) of that class's rows in ``source_labels [N]``.
+
+    Returns ``[(source row, label)]`` in label order (rows sorted inside a class) and the count kept per label
+    (less than the target where the source has too few images).
+    """
+    picked: list[tuple[int, int]] = []
+    got: list[int] = []
+    for label, source in enumerate(order):
+        candidates = np.flatnonzero(source_labels == source)
+        kept = candidates[subsample_order(len(candidates), seed, source)[: targets[label]]]
+        got.append(len(kept))
+        picked += [(int(i), label) for i in sorted(kept)]
+    return picked, got
+
+
+def long_tail_info(name: str, source: str, seed: int, ratios: tuple[float, float], n_max: int, names: Sequence[str],
+                   targets: Sequence[int], got: Sequence[int], **extra: Any) -> DatasetInfo:
+    """The manifest's ``DatasetInfo`` of an exponential-tail builder (R^s, R^u = ``ratios``): the profile, the
+    classes short of their target, and ``extra`` (e.g. ``source_class_ids``, ``image_encoding``)."""
+    return DatasetInfo(
+        name=name, source=source, seed=seed,
+        imbalance={"known": float(ratios[0]), "novel": float(ratios[1])},
+        extra={"n_max": n_max,
+               "profile": "floor(n_max * R^(-c/(C_half-1))), rank c = label order inside each half",
+               **extra,
+               "short_classes": shortfall_report(names, targets, got),
+               "skipped_images": extra.get("skipped_images", {"count": 0, "images": []})},
+    )
+
+
 def shortfall_report(names: Sequence[str], wanted: Sequence[int], got: Sequence[int]) -> dict[str, list[int]]:
     """``{name: [wanted, got]}`` for classes with fewer source images than their long-tail target."""
     short = {name: [w, g] for name, w, g in zip(names, wanted, got) if g < w}

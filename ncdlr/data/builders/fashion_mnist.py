@@ -35,16 +35,16 @@ from ncdlr.data.builders.common import (
     Plan,
     SourceFormatError,
     class_table,
+    long_tail_info,
     long_tail_targets,
+    pick_long_tail,
     progress_bar,
-    shortfall_report,
     split_order,
-    subsample_order,
     write_plan,
 )
 from ncdlr.data.images import encode_png
 from ncdlr.data.longtail import split_known_novel
-from ncdlr.data.manifest import DatasetInfo, Manifest
+from ncdlr.data.manifest import Manifest
 from ncdlr.data.records import ImageRecord
 
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -121,13 +121,7 @@ def plan(config: FashionMnistLTConfig, *, progress: bool = True) -> Plan:
     names = [CLASS_NAMES[i] for i in order]
     targets = long_tail_targets(len(known), len(novel), config.n_max, config.known_ratio, config.novel_ratio)
 
-    picked: list[tuple[int, int]] = []  # (source index, label) of the kept training images
-    got = []
-    for label, source in enumerate(order):
-        candidates = np.flatnonzero(train_labels == source)
-        kept = candidates[subsample_order(len(candidates), config.seed, source)[: targets[label]]]
-        got.append(len(kept))
-        picked += [(int(i), label) for i in sorted(kept)]
+    picked, got = pick_long_tail(train_labels, order, targets, config.seed)
     records: list[ImageRecord] = []
     with progress_bar(len(picked) + len(test_labels), "encoding fashion-mnist", progress) as bar:
         for i, label in picked:
@@ -139,20 +133,11 @@ def plan(config: FashionMnistLTConfig, *, progress: bool = True) -> Plan:
             records.append(ImageRecord(encode_png(test_pixels[i]), label, "test", names[label], f"test/{i:05d}"))
             bar.update()
     classes = class_table(names, len(known), (r.label for r in records if r.split != "test"))
-    info = DatasetInfo(
-        name=config.name or f"fashion-mnist-lt-{config.known_ratio:g}-{config.novel_ratio:g}",
-        source=f"Fashion-MNIST IDX release at {config.root}",
-        seed=config.seed,
-        imbalance={"known": float(config.known_ratio), "novel": float(config.novel_ratio)},
-        extra={
-            "n_max": config.n_max,
-            "profile": "floor(n_max * R^(-c/(C_half-1))), rank c = label order inside each half",
-            "source_class_ids": order,
-            "short_classes": shortfall_report(names, targets, got),
-            "image_encoding": "PNG, grayscale 28x28 (lossless; the source holds raw pixels)",
-            "skipped_images": {"count": 0, "images": []},
-        },
-    )
+    info = long_tail_info(config.name or f"fashion-mnist-lt-{config.known_ratio:g}-{config.novel_ratio:g}",
+                          f"Fashion-MNIST IDX release at {config.root}", config.seed,
+                          (config.known_ratio, config.novel_ratio), config.n_max, names, targets, got,
+                          source_class_ids=order,
+                          image_encoding="PNG, grayscale 28x28 (lossless; the source holds raw pixels)")
     return Plan(classes=classes, rows=split_order(records, config.seed), info=info)
 
 
