@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,30 @@ def test_merged_counts_the_novel_classes_that_share_their_majority_cluster():
     assert seed_spread.spread(y_true, [9, 9, 8, 7, 6, 5, 4], 2, cells)["merged"] == pytest.approx(1.5)
     del cells[1]["test_novel_pred"]
     assert "merged" not in seed_spread.spread(y_true, [9, 9, 8, 7, 6, 5, 4], 2, cells)
+
+
+def test_the_command_reads_the_holdout_view_cells_only_when_asked(tmp_path, capsys):
+    """A tiny feature table (1 known, 2 novel classes) and two cells of each protocol, with different predictions:
+    the plain cells name class 1 and 2 apart (nothing merged), the ``--holdout-view`` cells put both in one cluster.
+    The command prints each protocol's own reading."""
+    from ncdlr.data.features import write_feature_table
+
+    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
+    labels = np.array([0, 0, 1, 1, 2, 2, 0, 1, 1, 2, 2])
+    splits = ["known", "known", "novel", "novel", "novel", "novel", "test", "test", "test", "test", "test"]
+    table = str(tmp_path / "table.parquet")
+    write_feature_table(table, np.zeros((len(labels), 2)), labels, splits, num_known=1, num_novel=2)
+    apart = {"test_pred": [0, 1, 1, 2, 2], "test_novel_pred": [0, 0, 0, 1, 1], "novel_train": {"all": 1.0}}
+    merged = {"test_pred": [0, 1, 1, 1, 1], "test_novel_pred": [0, 0, 0, 0, 0], "novel_train": {"all": 0.5}}
+    for seed in (0, 1):
+        quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(apart))
+        quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None, holdout_view=True).write_text(
+            json.dumps(merged))
+    argv = ["--datasets", "fashion-cached", "--variants", "ncdlr", "--seeds", "2", "--results", str(tmp_path),
+            "--table", f"fashion-cached={table}"]
+    assert seed_spread.main(argv) == 0
+    plain = capsys.readouterr().out.splitlines()[-1]
+    assert "| 100.0 ± 0.0 |" in plain and plain.endswith("| 0.0 of 2 |")
+    assert seed_spread.main([*argv, "--holdout-view"]) == 0
+    held = capsys.readouterr().out.splitlines()[-1]
+    assert "| 50.0 ± 0.0 |" in held and held.endswith("| 2.0 of 2 |")
