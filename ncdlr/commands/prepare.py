@@ -120,8 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--root", type=Path, default=fashion_mnist.DEFAULT_ROOT, metavar="DIR",
                    help=f"folder with the four IDX files, gzipped or not (default {fashion_mnist.DEFAULT_ROOT}; "
                         "install with: apt-get install dataset-fashion-mnist)")
-    _ratios(p, n_max=1000, why="of the source's 6000: 3180 training rows, a CPU-sized set with 10x more images per "
-                              "class than OpenClipart-LT's tail")
+    _ratios(p, n_max=1000, why="of the source's 6000: 3180 training rows, about 3x OpenClipart-LT's images per "
+                              "class, sized for CPU runs")
     _common(p, seed_help="Seed of the class split and of the shuffles inside each class.")
     p.set_defaults(_build=_build_fashion_mnist)
 

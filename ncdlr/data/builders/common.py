@@ -299,9 +299,9 @@ def long_tail_info(name: str, source: str, seed: int, ratios: tuple[float, float
         imbalance={"known": float(ratios[0]), "novel": float(ratios[1])},
         extra={"n_max": n_max,
                "profile": "floor(n_max * R^(-c/(C_half-1))), rank c = label order inside each half",
-               **extra,
                "short_classes": shortfall_report(names, targets, got),
-               "skipped_images": extra.get("skipped_images", {"count": 0, "images": []})},
+               "skipped_images": {"count": 0, "images": []},
+               **extra},
     )
 
 

@@ -12,7 +12,7 @@ Construction (as ``cifar100``, method.md §1):
   - class of rank ``c`` keeps ``floor(n_max · R^(-c/4))`` training images, the first of a seeded shuffle inside
     the class. Defaults n_max = 1000, R^s = R^u = 50: 1000 / 376 / 141 / 53 / 20 per half, 1590 + 1590 rows;
   - test = the whole official test set (10k, 1000 per class): unlike OpenClipart-LT's 3–30 test images per
-    tail class, the split resolves a class-mean accuracy to a few tenths of a point.
+    tail class, the split resolves a class-mean accuracy to about half a point (binomial SE, measured).
 
 Why this set: OpenClipart-LT has 43 classes and about 100 training images per class. This one has 10 classes
 and 320 per class on average (up to 1000), a second real set whose test split is not the limit.
