@@ -31,9 +31,12 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
              object_store_bytes: int | None = None) -> bool:
     """Start or join Ray once for this process; True when this call started it (the caller then shuts it down).
 
-    Inside a submitted job or next to a running cluster (``RAY_ADDRESS``) it joins; Ray refuses resource
-    arguments there. A local Ray gets at least ``cpus_needed`` logical CPUs — more than the workers take, or
-    Ray Data read tasks starve (platform notes). ``runtime_env`` reaches every task and worker (e.g. the
+    Inside a submitted job or next to a running cluster (``RAY_ADDRESS``; ``RAY_ADDRESS=auto`` joins the cluster
+    that ``ray start`` left on this machine) it joins; Ray refuses resource arguments there. Otherwise it always
+    starts a new local Ray (``address="local"``), never an unrelated one found on the machine. A local Ray gets
+    at least ``cpus_needed`` logical CPUs — more than the workers take, or Ray Data read tasks starve (platform
+    notes). On a loaded machine Ray's raylet can miss its fixed 30 s start-up wait; the local start is then tried
+    once more (``LOCAL_START_ATTEMPTS``) with a line on stderr. ``runtime_env`` reaches every task and worker (e.g. the
     embedded S3 server's settings). Workers' output reaches this terminal only with ``verbose``.
     """
     import ray
@@ -47,11 +50,30 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
         kwargs["runtime_env"] = runtime_env
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=verbose, **kwargs)
-    else:
-        ray.init(num_cpus=int(max(os.cpu_count() or 1, cpus_needed, 4)), include_dashboard=False,
+        return True
+    local = dict(address="local", num_cpus=int(max(os.cpu_count() or 1, cpus_needed, 4)), include_dashboard=False,
                  log_to_driver=verbose, **({"object_store_memory": object_store_bytes} if object_store_bytes else {}),
                  **kwargs)
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(**local)
+            return True
+        except Exception as err:  # Ray raises a bare Exception when its raylet misses the 30 s start-up wait
+            if not is_startup_timeout(err) or attempt == LOCAL_START_ATTEMPTS:
+                raise
+            ray.shutdown()  # clears the driver's state; the half-started node's processes are reaped when this
+            #                 process exits (Ray's reaper), the new try uses fresh ports beside them
+            print(f"ncdlr: Ray's local start timed out (a loaded machine?); trying again "
+                  f"({attempt + 1}/{LOCAL_START_ATTEMPTS})", file=sys.stderr, flush=True)
     return True
+
+
+LOCAL_START_ATTEMPTS = 2
+
+
+def is_startup_timeout(err: BaseException) -> bool:
+    """Whether ``ray.init`` gave up because the local raylet did not register within Ray's fixed 30 s."""
+    return "timed out during startup" in str(err)
 
 
 def quiet_ray_consoles() -> None:

@@ -145,6 +145,9 @@ def test_sigint_ends_the_cli_with_one_line_naming_the_checkpoint_and_exit_130(ta
     deadline = time.monotonic() + 300
     while not checkpoints(output) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
+    if proc.poll() is not None:
+        out, err = proc.communicate()
+        pytest.fail(f"ncdlr train exited with {proc.returncode} before its first checkpoint:\n{out[-2000:]}\n{err[-4000:]}")
     assert checkpoints(output), "no checkpoint within 300 s"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)

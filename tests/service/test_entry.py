@@ -1,0 +1,95 @@
+"""``init_ray``: a local Ray is always a new one, and a start-up that times out on a loaded machine is tried again.
+
+Ray's raylet gives up after a fixed 30 s when the machine is busy (seen in CI with two test workers). A real
+overload cannot be produced on demand, so these tests make ``ray.init`` raise Ray's own start-up error: the
+retry test lets the second call start a real local Ray in a fresh process; the other two replace ``ray.init``,
+``ray.shutdown`` and ``ray.is_initialized`` entirely so no shared Ray of this test process is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ncdlr.service import entry
+
+STARTUP_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet "
+                   "failed to startup or the GCS has become overloaded.")
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """``ray.init`` records its keyword arguments and raises what ``fake_ray.errors`` holds, in order."""
+    import ray
+
+    class Fake:
+        calls: list[dict] = []
+        errors: list[BaseException] = []
+        shutdowns = 0
+
+    def init(**kwargs):
+        Fake.calls.append(kwargs)
+        if Fake.errors:
+            raise Fake.errors.pop(0)
+
+    def shutdown():
+        Fake.shutdowns += 1
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", shutdown)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return Fake
+
+
+def test_a_local_start_always_asks_for_a_new_local_ray(fake_ray):
+    """``address="local"``: a cluster that ``ray start`` left on the machine is never joined by accident (Ray's
+    ``address=None`` would read it from ``/tmp/ray/ray_current_cluster`` and then refuse ``num_cpus``)."""
+    assert entry.init_ray(cpus_needed=3) is True
+    assert len(fake_ray.calls) == 1 and fake_ray.calls[0]["address"] == "local"
+    assert fake_ray.calls[0]["num_cpus"] >= 4
+
+
+def test_a_start_up_timeout_is_tried_once_more_and_then_raised(fake_ray, capsys):
+    fake_ray.errors = [Exception(STARTUP_TIMEOUT), Exception(STARTUP_TIMEOUT)]
+    with pytest.raises(Exception, match="timed out during startup"):
+        entry.init_ray()
+    assert len(fake_ray.calls) == entry.LOCAL_START_ATTEMPTS == 2 and fake_ray.shutdowns == 1
+    assert "Ray's local start timed out" in capsys.readouterr().err
+
+
+def test_other_start_errors_are_not_retried(fake_ray):
+    fake_ray.errors = [ValueError("object_store_memory is larger than the machine")]
+    with pytest.raises(ValueError, match="object_store_memory"):
+        entry.init_ray(object_store_bytes=10**15)
+    assert len(fake_ray.calls) == 1 and fake_ray.shutdowns == 0
+
+
+def test_after_one_timed_out_start_the_second_starts_a_real_local_ray(tmp_path):
+    """In a fresh process: the first ``ray.init`` raises Ray's start-up timeout, the second is Ray's own."""
+    script = tmp_path / "start.py"
+    script.write_text(f"""
+import ray
+from ncdlr.service import entry
+real, calls = ray.init, []
+def init(**kwargs):
+    calls.append(kwargs)
+    if len(calls) == 1:
+        raise Exception({STARTUP_TIMEOUT!r})
+    return real(**kwargs)
+ray.init = init
+assert entry.init_ray(cpus_needed=2) is True
+assert ray.is_initialized() and len(calls) == 2
+print("CPUS", ray.cluster_resources()["CPU"])
+ray.shutdown()
+""")
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trying again (2/2)" in done.stderr
+    assert float(done.stdout.split("CPUS")[1]) >= 4
