@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                                      ratio=10, test_per_class=2, seed=0)
         table = str(root / "features.parquet")
         write_feature_table(table, x, y, s, num_known=50, num_novel=50)
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
         best: dict[str, dict] = {}
         for repeat, order in enumerate((list(MODES), list(reversed(MODES)))):
             for name in order:

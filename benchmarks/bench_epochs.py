@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="bench-epochs-")
     split_rows = dataset(root + "/data", args.rows, args.decode)
     steps = split_rows["novel"] // args.batch
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}"}})  # read tasks unpickle SleepViews
     rates: dict[int, list[float]] = {1: [], args.passes: []}
     for round_ in range(args.rounds):

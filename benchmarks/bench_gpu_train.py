@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         steps_per_epoch = manifest.split_counts["novel"] // sizes.batch
         started = not ray.is_initialized()
         if started:
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(sizes.cpus_per_worker) + 3), include_dashboard=False,
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(sizes.cpus_per_worker) + 3), include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING")
         try:
             for place in places:

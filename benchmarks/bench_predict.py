@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     try:
         run, data = (Path(args.run), args.data) if args.run else synthetic_run(tmp, args.images)
-        ray.init(num_cpus=max(4, args.actors * args.threads + 1), include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=max(4, args.actors * args.threads + 1), include_dashboard=False, log_to_driver=False,
                  logging_level="WARNING")
         stats = predict_run(str(run), str(data), str(tmp / "pred"), batch_size=args.batch, num_actors=args.actors,
                             threads=args.threads, progress=False)

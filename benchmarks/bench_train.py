@@ -112,7 +112,7 @@ def main() -> None:
               f"{os.environ.get('RAY_TRAIN_HEALTH_CHECK_INTERVAL_S', '2 (default)')} s; load average {os.getloadavg()[0]:.1f}")
         base = plain(make_config(args, table))
         t0 = time.perf_counter()
-        ray.init(num_cpus=4, object_store_memory=256 * 1024**2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, object_store_memory=256 * 1024**2, include_dashboard=False, log_to_driver=False)
         init_s = time.perf_counter() - t0
         in_task = plain_in_ray_task(make_config(args, table))
         one, one_wall = ray_run(make_config(args, table), 1, os.path.join(tmp, "w1"))

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ncdlr.service.trainer import fit
 
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     root = Path(tempfile.mkdtemp(prefix="failure-cost-"))
     table = write_tiny_table(root / "table.parquet", n_max=args.n_max, noise=args.noise)
     results = {}

@@ -62,7 +62,7 @@ def data_ray():
     if ray.is_initialized():
         yield ray
         return
-    ray.init(num_cpus=4, object_store_memory=256 * 1024**2, log_to_driver=False, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, object_store_memory=256 * 1024**2, log_to_driver=False, include_dashboard=False)
     yield ray
     ray.shutdown()
 

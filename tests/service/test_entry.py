@@ -1,7 +1,8 @@
 """``init_ray``: a local Ray is always a new one, and a start-up that times out on a loaded machine is tried again.
 
-Ray's raylet gives up after a fixed 30 s when the machine is busy (seen in CI with two test workers). A real
-overload cannot be produced on demand, so these tests make ``ray.init`` raise Ray's own start-up error: the
+A ``ray.cluster_utils.Cluster`` in another test worker writes ``/tmp/ray/ray_current_cluster``; ``ray.init`` without
+an address then tries to join it and refuses ``num_cpus`` (CI, session 18). Ray's raylet also gives up after a fixed
+30 s when the machine is busy (``cluster/simulate.py`` retries for that). A real overload cannot be produced on demand, so these tests make ``ray.init`` raise Ray's own start-up error: the
 retry test lets the second call start a real local Ray in a fresh process; the other two replace ``ray.init``,
 ``ray.shutdown`` and ``ray.is_initialized`` entirely so no shared Ray of this test process is touched.
 """
@@ -93,3 +94,34 @@ ray.shutdown()
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trying again (2/2)" in done.stderr
     assert float(done.stdout.split("CPUS")[1]) >= 4
+
+
+def test_a_cluster_that_cluster_utils_left_on_the_machine_is_not_joined(tmp_path):
+    """In a fresh process: a live ``ray.cluster_utils.Cluster`` writes ``/tmp/ray/ray_current_cluster``; Ray's own
+    ``ray.init(num_cpus=...)`` then refuses, ``init_ray`` starts its own local Ray beside it."""
+    script = tmp_path / "beside.py"
+    script.write_text("""
+import ray
+from ray.cluster_utils import Cluster
+from ncdlr.service import entry
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+try:
+    try:
+        ray.init(num_cpus=2)
+        print("RAY_JOINED")
+    except ValueError as err:
+        print("RAY_REFUSED", err)
+    assert entry.init_ray(cpus_needed=2) is True
+    own = ray.get_runtime_context().gcs_address
+    print("OWN", own != cluster.address, ray.cluster_resources()["CPU"])
+    ray.shutdown()
+finally:
+    cluster.shutdown()
+""")
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RAY_REFUSED When connecting to an existing cluster" in done.stdout  # what the fix is for
+    own = done.stdout.split("OWN")[1].split()
+    assert own[0] == "True" and float(own[1]) >= 4
