@@ -33,6 +33,7 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
   classes' imbalance n_max/n_min), and the ablations ncdlr-uniform (= ladder "+EP"), ladder-buffer (learnable
   prototypes + CE + buffer + uniform prior = ladder "+buffer"), ncdlr-nobuffer, ncdlr-learnable, ncdlr-ce,
+  ncdlr-kce (cross-entropy on the labelled known rows only, MSE on the pseudo-labels: method.known_loss = ce),
   ncdlr-true (fixed true novel counts), ncdlr-free; ncdlr-anchored (ours: KL towards w(τ̂), τ̂ = the known
   classes' imbalance, instead of towards uniform); ncdlr-kw and uno-kw (the first epoch on the known classes
   alone, optim.known_warmup_epochs = 1); ncdlr-j2048 (the paper's buffer of 2048 rows instead of 512); ncdlr-m09
@@ -88,6 +89,7 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-nobuffer": {"labeler": {"use_buffer": False}},
     "ncdlr-learnable": {"model": {"prototypes": "learnable"}},
     "ncdlr-ce": {"method": {"loss": "ce"}},
+    "ncdlr-kce": {"method": {"known_loss": "ce"}},  # cross-entropy for the labelled rows, MSE for the pseudo-labels
     "ncdlr-true": {"labeler": {"prior": "fixed"}},
     "ncdlr-free": {"labeler": {"prior": "free"}},
     # τ held fixed (the labeler's lr 0): w(τ) with τ = 1 + e^init_t, no feedback between the prior and the model

@@ -52,6 +52,7 @@ class MethodConfig:
 
     name: str = "ncdlr"  #: "ncdlr" (ETF + MSE + adaptive self-labeling) | "uno" | "autonovel" (each sets the prototypes and buffer it needs)
     loss: str = "auto"  #: "auto" (ncdlr: mse; uno/autonovel: ce) | "mse" | "ce" — the MSE-vs-CE ablation of ncdlr
+    known_loss: str = "auto"  #: loss of the labelled known rows only: "auto" (= method.loss, the paper's one loss for both) | "mse" | "ce" (cross-entropy on cos/T against the same fixed prototypes; MSE's gain is robustness to noisy pseudo-labels, which clean labels do not need)
     temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
     topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics
     consistency: float = 0.0  #: autonovel: weight of the two-view MSE between novel probabilities (0 → off)

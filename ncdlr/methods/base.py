@@ -78,9 +78,13 @@ class Method(abc.ABC):
         loss = self.default_loss if cfg.loss == "auto" else cfg.loss
         if loss not in ("mse", "ce"):
             raise MethodConfigError(f"method.loss must be auto, mse or ce, got {cfg.loss!r}")
+        known = loss if cfg.known_loss == "auto" else cfg.known_loss
+        if known not in ("mse", "ce"):
+            raise MethodConfigError(f"method.known_loss must be auto, mse or ce, got {cfg.known_loss!r}")
         if cfg.temperature <= 0:
             raise MethodConfigError(f"method.temperature must be > 0, got {cfg.temperature}")
         self.loss = loss
+        self.known_loss_kind = known
         self.temperature = cfg.temperature
         self.labeler = labeler
 
@@ -97,16 +101,18 @@ class Method(abc.ABC):
         """``τ`` of the labeler's cluster-size prior (1 without a labeler)."""
         return self.labeler.imbalance_factor if self.labeler is not None else 1.0
 
-    def prototype_loss(self, z: Tensor, prototypes: Tensor, targets: Tensor) -> Tensor:
-        """``z [N, D]``, ``prototypes [D, K]``, hard ``[N]`` or soft ``[N, K]`` targets → scalar."""
-        if self.loss == "mse":
+    def prototype_loss(self, z: Tensor, prototypes: Tensor, targets: Tensor, kind: str | None = None) -> Tensor:
+        """``z [N, D]``, ``prototypes [D, K]``, hard ``[N]`` or soft ``[N, K]`` targets → scalar; ``kind`` "mse" or
+        "ce" (default: the method's ``loss``; the known rows use ``known_loss_kind``)."""
+        if (kind or self.loss) == "mse":
             return prototype_mse(z, prototypes, targets)
         return prototype_cross_entropy(z, prototypes, targets, self.temperature)
 
     def known_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, labels: Tensor) -> Tensor:
-        """``½ Σ_views loss(z_v, P, y)`` over the known rows ``z_v [n, D]``, ``labels [n]`` in ``0..Ks-1``."""
-        prototypes = model.class_prototypes()
-        return 0.5 * (self.prototype_loss(z1, prototypes, labels) + self.prototype_loss(z2, prototypes, labels))
+        """``½ Σ_views loss(z_v, P, y)`` over the known rows ``z_v [n, D]``, ``labels [n]`` in ``0..Ks-1``, with the
+        known rows' loss (``method.known_loss``; by default the method's one loss)."""
+        prototypes, kind = model.class_prototypes(), self.known_loss_kind
+        return 0.5 * (self.prototype_loss(z1, prototypes, labels, kind) + self.prototype_loss(z2, prototypes, labels, kind))
 
     @abc.abstractmethod
     def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int

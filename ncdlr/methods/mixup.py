@@ -74,7 +74,7 @@ def mixed_loss(method: Method, model: PrototypeModel, z_mix: Sequence[Tensor], m
     keep = known_plan.keep.to(zk.device)
     if keep.any():
         onehot = torch.nn.functional.one_hot(labels.clamp(0, k - 1), k).float()  # invalid rows: any label, not kept
-        loss = loss + method.prototype_loss(zk[keep], prototypes, blend(onehot, known_plan)[keep])
+        loss = loss + method.prototype_loss(zk[keep], prototypes, blend(onehot, known_plan)[keep], method.known_loss_kind)
     keep = novel_plan.keep.to(zn.device)
     if novel_targets is not None and method.soft_novel_targets and keep.any():
         q = pad_novel(novel_targets[0].to(zn.device), model.num_known)

@@ -122,6 +122,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.head": ("auto", "identity", "expand", "linear", "mlp"),
     "model.prototypes": ("etf", "learnable"),
     "method.loss": ("auto", "mse", "ce"),
+    "method.known_loss": ("auto", "mse", "ce"),
     "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
     "data.decode_on": ("host", "device", "hybrid"),

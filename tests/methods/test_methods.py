@@ -223,3 +223,35 @@ def test_anchored_prior_with_a_huge_gamma_is_the_fixed_geometric_prior():
 def test_anchored_prior_needs_an_anchor():
     with pytest.raises(ValueError, match="max_imbalance"):
         AdaptiveSelfLabeler(5, prior="anchored")
+
+
+def test_known_loss_ce_puts_cross_entropy_on_the_labelled_rows_and_keeps_mse_for_the_pseudo_labels():
+    """``method.known_loss=ce``: the known rows' loss is cross-entropy on cos/T, the novel rows' stays MSE."""
+    from ncdlr.losses import prototype_cross_entropy, prototype_mse
+    from ncdlr.prototypes import simplex_etf
+
+    cfg = load_config(None, ["--method.known_loss", "ce"])
+    method = build_method(cfg.method, cfg.labeler, KU)
+    assert (method.loss, method.known_loss_kind) == ("mse", "ce")
+    assert build_method(Config().method, Config().labeler, KU).known_loss_kind == "mse"  # auto: the one loss
+
+    class Model:
+        num_known, num_novel, learnable_prototypes = KS, KU, False
+        prototypes = simplex_etf(DIM, KS + KU, seed=0)
+
+        def class_prototypes(self):
+            return self.prototypes
+
+    g = torch.Generator().manual_seed(1)
+    z1, z2 = (torch.nn.functional.normalize(torch.randn(6, DIM, generator=g), dim=1) for _ in range(2))
+    labels = torch.tensor([0, 1, 2, 3, 0, 1])
+    p = Model.prototypes
+    expected = 0.5 * (prototype_cross_entropy(z1, p, labels, 0.1) + prototype_cross_entropy(z2, p, labels, 0.1))
+    assert method.known_loss(Model(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-6)
+    q = torch.softmax(torch.randn(2, 6, KU, generator=g), dim=2)
+    valid = torch.ones(6, dtype=torch.bool)
+    padded = [torch.cat([torch.zeros(6, KS), q[v]], dim=1) for v in (0, 1)]
+    expected = 0.5 * (prototype_mse(z2, p, padded[0]) + prototype_mse(z1, p, padded[1]))
+    assert method.novel_loss(Model(), z1, z2, q, valid) == pytest.approx(float(expected), rel=1e-6)
+    with pytest.raises(ConfigError, match="method.known_loss"):
+        load_config(None, ["--method.known_loss", "hinge"])
