@@ -24,6 +24,10 @@ clustering of the novel training rows (``novel_train``), and the test labels of 
   :func:`merged_classes`), mean over the seeds. Three classes in one cluster count 3; a class split over two
   clusters counts 0. With Ku clusters, every merge leaves a cluster to split some other class.
 
+With ``--known`` it also prints, per (dataset, variant), where the **known** test images go
+(:func:`known_detail`): the known class-mean accuracy, the share of known test images predicted into a novel
+column, and each known class's accuracy and novel share, ordered by training count.
+
 With ``--gap A B`` (two variants) it also prints the **paired gap** A − B of test novel accuracy over the seeds both
 have, with two standard errors (:func:`paired_gap`): the seeds' (the spread of the per-seed differences) and the test
 split's (a bootstrap of the test images within each novel class, the seeds' correctness held fixed) — the second
@@ -33,7 +37,7 @@ shrink.
 Usage::
 
     .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
-        --results /work/cache/quality-rec [--gap ncdlr uno] [--holdout-view]
+        --results /work/cache/quality-rec [--gap ncdlr uno] [--holdout-view] [--known]
 """
 
 from __future__ import annotations
@@ -119,6 +123,22 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
     return out
 
 
+def known_detail(y_true: np.ndarray, num_known: int, train_counts: list[int], cells: list[dict]) -> dict:
+    """Where the known test images go, for one (dataset, variant) over ``cells`` (one per seed, ``test_pred [N]`` over
+    all K columns; ``y_true [N]``): ``known`` the known class-mean accuracy under the test split's Hungarian
+    matching (the headline's), ``to_novel`` the share of known test images predicted into a novel column
+    (``≥ Ks``), and ``classes`` one ``(class, train count, accuracy, novel share)`` per known class, most training
+    images first; means over the seeds, in %."""
+    known_classes = sorted((c for c in range(num_known) if (y_true == c).any()), key=lambda c: -train_counts[c])
+    correct = np.stack([correct_under_matching(y_true, c["test_pred"]) for c in cells])  # [S, N]
+    to_novel = np.stack([np.asarray(c["test_pred"]) >= num_known for c in cells])  # [S, N]
+    acc = per_class_accuracy(correct, y_true, known_classes).mean(0) * 100  # [Ks]
+    share = per_class_accuracy(to_novel, y_true, known_classes).mean(0) * 100  # [Ks]
+    known_rows = y_true < num_known
+    return {"seeds": len(cells), "known": float(acc.mean()), "to_novel": float(to_novel[:, known_rows].mean() * 100),
+            "classes": [(c, int(train_counts[c]), float(a), float(n)) for c, a, n in zip(known_classes, acc, share)]}
+
+
 def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b: list[dict], draws: int = 2000,
                seed: int = 0, correct=None) -> dict[str, float]:
     """Test novel accuracy of A minus B (class-mean, %), over seeds paired by position (``cells_a[i]`` and
@@ -158,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
     parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print the paired gap A − B with the seeds' "
                         "and the test split's standard errors")
+    parser.add_argument("--known", action="store_true", help="also print where the known test images go: each "
+                        "known class's accuracy and share predicted into a novel column, by training count")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
     parser.add_argument("--holdout-view", action="store_true",
@@ -191,6 +213,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['share_medium']:.2f} / {r['share_tail']:.2f} | {r['resolution']:.1f} | "
                   f"{r['images_differing']:.0f} of {r['novel_test_images']} ({r['tail_images_differing']:.1f} of "
                   f"{r['tail_test_images']}) | {carried} | {merged} |")
+        if args.known:
+            print(f"\n{dataset}, known test classes (most training images first): accuracy / % predicted novel\n")
+            print("| method | seeds | known | known → novel | per class (train count: accuracy / novel) |")
+            print("|---|---|---|---|---|")
+            for variant in args.variants:
+                cells = list(kept[variant].values())
+                if not cells:
+                    continue
+                k = known_detail(y_true, num_known, train_counts, cells)
+                classes = "; ".join(f"{n}: {a:.1f} / {v:.1f}" for _, n, a, v in k["classes"])
+                print(f"| {variant} | {k['seeds']} | {k['known']:.1f} | {k['to_novel']:.1f} | {classes} |")
+            print()
         if args.gap:
             first, second = (kept[v] for v in args.gap)
             pairs = [(first[s], second[s]) for s in sorted(set(first) & set(second))]

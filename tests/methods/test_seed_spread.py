@@ -140,3 +140,38 @@ def test_the_command_reads_the_holdout_view_cells_only_when_asked(tmp_path, caps
     assert seed_spread.main([*argv, "--holdout-view"]) == 0
     held = capsys.readouterr().out.splitlines()[-1]
     assert "| 50.0 ± 0.0 |" in held and held.endswith("| 2.0 of 2 |")
+
+
+def test_known_detail_says_which_known_classes_lose_their_images_and_to_what():
+    """Known 0, 1, 2 (train counts 50, 5, 20), novel 3, 4. Class 0: all right. Class 1 (the tail): seed 0 sends one of
+    its two images to known class 0 and one to a novel column, seed 1 both to novel columns. Class 2: one of two
+    right in both seeds, the other to a novel column."""
+    seed_spread = load_benchmark("seed_spread")
+    y_true = np.array([0, 0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 4])  # three images per novel class: the matching is clear
+    novel = [3, 3, 3, 4, 4, 4]
+    cells = [{"test_pred": [0, 0, 0, 3, 2, 4, *novel]}, {"test_pred": [0, 0, 4, 3, 2, 3, *novel]}]
+    k = seed_spread.known_detail(y_true, 3, [50, 5, 20, 9, 9], cells)
+    assert k["seeds"] == 2 and k["known"] == pytest.approx((100 + 0 + 50) / 3)
+    assert k["to_novel"] == pytest.approx(100 * (2 + 3) / 12)
+    assert [c[:2] for c in k["classes"]] == [(0, 50), (2, 20), (1, 5)]
+    assert k["classes"][2][2:] == pytest.approx((0.0, 75.0)) and k["classes"][1][2:] == pytest.approx((50.0, 50.0))
+
+
+def test_the_command_prints_the_known_table_when_asked(tmp_path, capsys):
+    from ncdlr.data.features import write_feature_table
+
+    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
+    labels = np.array([0, 0, 0, 1, 2, 2, 0, 0, 1, 1, 2])
+    splits = ["known", "known", "known", "known", "novel", "novel", "test", "test", "test", "test", "test"]
+    table = str(tmp_path / "table.parquet")
+    write_feature_table(table, np.zeros((len(labels), 2)), labels, splits, num_known=2, num_novel=1)
+    cell = {"test_pred": [0, 0, 1, 2, 2], "test_novel_pred": [0, 0, 0, 0, 0], "novel_train": {"all": 1.0}}
+    for seed in (0, 1):
+        quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(cell))
+    argv = ["--datasets", "fashion-cached", "--variants", "ncdlr", "--seeds", "2", "--results", str(tmp_path),
+            "--table", f"fashion-cached={table}"]
+    assert seed_spread.main(argv) == 0
+    assert "known → novel" not in capsys.readouterr().out
+    assert seed_spread.main([*argv, "--known"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ncdlr | 2 |")]
+    assert row == ["| ncdlr | 2 | 75.0 | 25.0 | 3: 100.0 / 0.0; 1: 50.0 / 50.0 |"]
