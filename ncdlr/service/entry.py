@@ -54,17 +54,18 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     local = dict(address="local", num_cpus=int(max(os.cpu_count() or 1, cpus_needed, 4)), include_dashboard=False,
                  log_to_driver=verbose, **({"object_store_memory": object_store_bytes} if object_store_bytes else {}),
                  **kwargs)
-    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+    for attempt in range(1, LOCAL_START_ATTEMPTS):  # every try but the last: a start-up timeout tries again
         try:
             ray.init(**local)
             return True
         except Exception as err:  # Ray raises a bare Exception when its raylet misses the 30 s start-up wait
-            if not is_startup_timeout(err) or attempt == LOCAL_START_ATTEMPTS:
+            if not is_startup_timeout(err):
                 raise
             ray.shutdown()  # clears the driver's state; the half-started node's processes are reaped when this
             #                 process exits (Ray's reaper), the new try uses fresh ports beside them
             print(f"ncdlr: Ray's local start timed out (a loaded machine?); trying again "
                   f"({attempt + 1}/{LOCAL_START_ATTEMPTS})", file=sys.stderr, flush=True)
+    ray.init(**local)  # the last try: its error is Ray's own
     return True
 
 
