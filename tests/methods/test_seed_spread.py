@@ -115,25 +115,33 @@ def test_merged_counts_the_novel_classes_that_share_their_majority_cluster():
     assert "merged" not in seed_spread.spread(y_true, [9, 9, 8, 7, 6, 5, 4], 2, cells)
 
 
+def command_on_a_tiny_table(tmp_path, train_labels: list[int], test_labels: list[int], num_known: int) -> list[str]:
+    """Writes a feature table (zero features) whose training rows have ``train_labels`` (known below ``num_known``,
+    novel from it) and whose test rows have ``test_labels``; returns seed_spread's arguments for 2 seeds of
+    ``ncdlr`` cells in ``tmp_path``, with the table standing in for fashion-cached's."""
+    from ncdlr.data.features import write_feature_table
+
+    labels = np.array([*train_labels, *test_labels])
+    splits = ["known" if y < num_known else "novel" for y in train_labels] + ["test"] * len(test_labels)
+    table = str(tmp_path / "table.parquet")
+    write_feature_table(table, np.zeros((len(labels), 2)), labels, splits, num_known=num_known,
+                        num_novel=int(labels.max()) + 1 - num_known)
+    return ["--datasets", "fashion-cached", "--variants", "ncdlr", "--seeds", "2", "--results", str(tmp_path),
+            "--table", f"fashion-cached={table}"]
+
+
 def test_the_command_reads_the_holdout_view_cells_only_when_asked(tmp_path, capsys):
     """A tiny feature table (1 known, 2 novel classes) and two cells of each protocol, with different predictions:
     the plain cells name class 1 and 2 apart (nothing merged), the ``--holdout-view`` cells put both in one cluster.
     The command prints each protocol's own reading."""
-    from ncdlr.data.features import write_feature_table
-
     seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
-    labels = np.array([0, 0, 1, 1, 2, 2, 0, 1, 1, 2, 2])
-    splits = ["known", "known", "novel", "novel", "novel", "novel", "test", "test", "test", "test", "test"]
-    table = str(tmp_path / "table.parquet")
-    write_feature_table(table, np.zeros((len(labels), 2)), labels, splits, num_known=1, num_novel=2)
+    argv = command_on_a_tiny_table(tmp_path, [0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2], num_known=1)
     apart = {"test_pred": [0, 1, 1, 2, 2], "test_novel_pred": [0, 0, 0, 1, 1], "novel_train": {"all": 1.0}}
     merged = {"test_pred": [0, 1, 1, 1, 1], "test_novel_pred": [0, 0, 0, 0, 0], "novel_train": {"all": 0.5}}
     for seed in (0, 1):
         quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(apart))
         quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None, holdout_view=True).write_text(
             json.dumps(merged))
-    argv = ["--datasets", "fashion-cached", "--variants", "ncdlr", "--seeds", "2", "--results", str(tmp_path),
-            "--table", f"fashion-cached={table}"]
     assert seed_spread.main(argv) == 0
     plain = capsys.readouterr().out.splitlines()[-1]
     assert "| 100.0 ± 0.0 |" in plain and plain.endswith("| 0.0 of 2 |")
@@ -158,18 +166,11 @@ def test_known_detail_says_which_known_classes_lose_their_images_and_to_what():
 
 
 def test_the_command_prints_the_known_table_when_asked(tmp_path, capsys):
-    from ncdlr.data.features import write_feature_table
-
     seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
-    labels = np.array([0, 0, 0, 1, 2, 2, 0, 0, 1, 1, 2])
-    splits = ["known", "known", "known", "known", "novel", "novel", "test", "test", "test", "test", "test"]
-    table = str(tmp_path / "table.parquet")
-    write_feature_table(table, np.zeros((len(labels), 2)), labels, splits, num_known=2, num_novel=1)
+    argv = command_on_a_tiny_table(tmp_path, [0, 0, 0, 1, 2, 2], [0, 0, 1, 1, 2], num_known=2)
     cell = {"test_pred": [0, 0, 1, 2, 2], "test_novel_pred": [0, 0, 0, 0, 0], "novel_train": {"all": 1.0}}
     for seed in (0, 1):
         quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(cell))
-    argv = ["--datasets", "fashion-cached", "--variants", "ncdlr", "--seeds", "2", "--results", str(tmp_path),
-            "--table", f"fashion-cached={table}"]
     assert seed_spread.main(argv) == 0
     assert "known → novel" not in capsys.readouterr().out
     assert seed_spread.main([*argv, "--known"]) == 0
