@@ -1,17 +1,22 @@
 """``init_ray``: a local Ray is always a new one, and a start-up that times out on a loaded machine is tried again.
 
-A ``ray.cluster_utils.Cluster`` in another test worker writes ``/tmp/ray/ray_current_cluster``; ``ray.init`` without
-an address then tries to join it and refuses ``num_cpus`` (CI, session 18). Ray's raylet also gives up after a fixed
-30 s when the machine is busy (``cluster/simulate.py`` retries for that). A real overload cannot be produced on demand, so these tests make ``ray.init`` raise Ray's own start-up error: the
-retry test lets the second call start a real local Ray in a fresh process; the other two replace ``ray.init``,
-``ray.shutdown`` and ``ray.is_initialized`` entirely so no shared Ray of this test process is touched.
+A ``ray.cluster_utils.Cluster`` in another test worker writes ``/tmp/ray/ray_current_cluster``; ``ray.init``
+without an address then tries to join it and refuses ``num_cpus`` (CI, session 18). Ray's raylet also gives up
+after a fixed 30 s when the machine is busy (``cluster/simulate.py`` retries for that). A real overload cannot be
+produced on demand, so the retry tests make ``ray.init`` raise Ray's own start-up error: three replace ``ray.init``,
+``ray.shutdown`` and ``ray.is_initialized`` entirely (no shared Ray of this test process is touched); one lets the
+second call start a real local Ray in a fresh process. The last runs a real ``cluster_utils`` cluster beside
+``init_ray``, in a fresh process with its own Ray temp directory (``RAY_TMPDIR``) so that its address file does
+not reach the other test worker.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -70,6 +75,18 @@ def test_other_start_errors_are_not_retried(fake_ray):
     assert len(fake_ray.calls) == 1 and fake_ray.shutdowns == 0
 
 
+def run_script(script: Path) -> subprocess.CompletedProcess:
+    """``script`` in a fresh Python with this checkout importable, no ``RAY_ADDRESS`` and a private Ray temp
+    directory (short: Ray's socket paths live under it), removed afterwards."""
+    ray_tmp = tempfile.mkdtemp(prefix="ncdlr-ray-", dir="/tmp")
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=ray_tmp)
+    try:
+        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 def test_after_one_timed_out_start_the_second_starts_a_real_local_ray(tmp_path):
     """In a fresh process: the first ``ray.init`` raises Ray's start-up timeout, the second is Ray's own."""
     script = tmp_path / "start.py"
@@ -88,9 +105,7 @@ assert ray.is_initialized() and len(calls) == 2
 print("CPUS", ray.cluster_resources()["CPU"])
 ray.shutdown()
 """)
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    done = run_script(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trying again (2/2)" in done.stderr
     assert float(done.stdout.split("CPUS")[1]) >= 4
@@ -118,9 +133,7 @@ try:
 finally:
     cluster.shutdown()
 """)
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    done = run_script(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RAY_REFUSED When connecting to an existing cluster" in done.stdout  # what the fix is for
     own = done.stdout.split("OWN")[1].split()
