@@ -31,11 +31,12 @@ __all__ = ["METHODS", "AutoNovel", "Discovery", "Gather", "Method", "MethodConfi
 
 
 def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *,
-                 fixed_prior: Tensor | None = None) -> Method:
+                 fixed_prior: Tensor | None = None, heads: int = 1) -> Method:
     """The :class:`Method` named by ``method.name`` for ``num_novel`` (Ku) clusters, with its labeler.
 
     ncdlr gets the adaptive labeler of ``labeler`` (``fixed_prior [Ku]``: the oracle sizes for ``prior=fixed``);
-    UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``); AutoNovel none. Distributed parts are
+    UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``); AutoNovel none. ``heads`` (``model.heads``)
+    labelers for a model of that many heads (one per head; AutoNovel: one head only). Distributed parts are
     wired in afterwards with :meth:`Method.connect`.
     """
     kind = METHODS.get(method.name)
@@ -44,8 +45,15 @@ def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *
     if kind.requires.get("labeler.use_buffer", True) is False and labeler.use_buffer:
         raise MethodConfigError(f"method {method.name!r} labels each batch on its own and never feeds the shared "
                                 "logit buffer: set labeler.use_buffer=false")
+    if heads < 1:
+        raise MethodConfigError(f"model.heads must be >= 1, got {heads}")
     if kind is NCDLR:
-        return NCDLR(method, AdaptiveSelfLabeler.from_config(labeler, num_novel, fixed_prior), labeler.use_buffer)
+        made = [AdaptiveSelfLabeler.from_config(labeler, num_novel, fixed_prior) for _ in range(heads)]
+        return NCDLR(method, made[0], labeler.use_buffer, made[1:])
     if kind is UNO:
-        return UNO(method, AdaptiveSelfLabeler(num_novel, prior="uniform", eps=labeler.eps, n_iters=labeler.n_iters))
+        made = [AdaptiveSelfLabeler(num_novel, prior="uniform", eps=labeler.eps, n_iters=labeler.n_iters)
+                for _ in range(heads)]
+        return UNO(method, made[0], made[1:])
+    if heads > 1:
+        raise MethodConfigError(f"method {method.name!r} trains one head only: set model.heads=1")
     return kind(method)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ncdlr.buffer import SharedBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
@@ -87,6 +87,15 @@ class Method(abc.ABC):
         self.known_loss_kind = known
         self.temperature = cfg.temperature
         self.labeler = labeler
+        #: the labelers of heads 1..H-1 (``model.heads`` > 1; each its own τ/t and buffer columns), checkpointed
+        self.extra_labelers = nn.ModuleList()
+        #: the head that predicts (the model's ``selected_head``; set by the train loop), whose τ is reported
+        self.active_head = 0
+
+    @property
+    def labelers(self) -> list[AdaptiveSelfLabeler]:
+        """Every head's labeler, head 0 first (empty without a labeler)."""
+        return [] if self.labeler is None else [self.labeler, *self.extra_labelers]
 
     @property
     def uses_buffer(self) -> bool:
@@ -98,8 +107,9 @@ class Method(abc.ABC):
 
     @property
     def imbalance_factor(self) -> float:
-        """``τ`` of the labeler's cluster-size prior (1 without a labeler)."""
-        return self.labeler.imbalance_factor if self.labeler is not None else 1.0
+        """``τ`` of the predicting head's cluster-size prior (1 without a labeler)."""
+        labelers = self.labelers
+        return labelers[min(self.active_head, len(labelers) - 1)].imbalance_factor if labelers else 1.0
 
     def prototype_loss(self, z: Tensor, prototypes: Tensor, targets: Tensor, kind: str | None = None) -> Tensor:
         """``z [N, D]``, ``prototypes [D, K]``, hard ``[N]`` or soft ``[N, K]`` targets → scalar; ``kind`` "mse" or
@@ -118,6 +128,16 @@ class Method(abc.ABC):
     def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int
                       ) -> tuple[Tensor, dict[str, float]]:
         """Detached targets for this rank's novel rows ``z_v [B, D]`` (``valid [B]`` bool) and phase times."""
+
+    def novel_targets_heads(self, views: list[PrototypeModel], z1: Tensor, z2: Tensor, valid: Tensor, step: int
+                            ) -> tuple[list, dict[str, float]]:
+        """:meth:`novel_targets` of every head at once: ``views`` (one :class:`PrototypeModel` per head),
+        ``z_v [H, B, D]`` → one target per head and the phase times. Methods with one labeler per head solve all
+        heads in one exchange (one gather, one buffer row of ``H·Ku`` columns); this default serves one head."""
+        if len(views) != 1:
+            raise MethodConfigError(f"method {self.name!r} trains one head only (model.heads = 1)")
+        targets, times = self.novel_targets(views[0], z1[0], z2[0], valid, step)
+        return [targets], times
 
     def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
         """Scalar unsupervised loss of the valid novel rows given :meth:`novel_targets`' output; by default the

@@ -13,7 +13,7 @@ this module runs in a notebook on tensors and knows nothing of Ray.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -40,28 +40,45 @@ class Discovery:
     """Soft pseudo-labels of this rank's novel rows, solved on the global problem.
 
     Args:
-        labeler: the (stateful) self-labeler every rank runs on the same problem.
+        labelers: the (stateful) self-labeler every rank runs on the same problem, or one per head: with ``H``
+            labelers the scores hold ``H`` heads side by side (``[V, B, H·Ku]``, head h in columns
+            ``h·Ku .. (h+1)·Ku - 1``; the buffer rows too), and labeler h solves its head's columns alone.
         buffer: the shared history (None → buffer off: solve on the gathered batch only).
         gather: the all-gather of the ranks (:func:`single_process` when alone).
         rank: this rank's index in the gathered order.
     """
 
-    def __init__(self, labeler: AdaptiveSelfLabeler, buffer: SharedBuffer | None = None,
+    def __init__(self, labelers: AdaptiveSelfLabeler | Sequence[AdaptiveSelfLabeler], buffer: SharedBuffer | None = None,
                  gather: Gather = single_process, rank: int = 0):
-        self.labeler = labeler
+        self.labelers = [labelers] if isinstance(labelers, AdaptiveSelfLabeler) else list(labelers)
+        if not self.labelers:
+            raise ValueError("discovery needs at least one labeler")
         self.buffer = buffer
         self.gather = gather
         self.rank = rank
 
+    @property
+    def labeler(self) -> AdaptiveSelfLabeler:
+        """Head 0's labeler."""
+        return self.labelers[0]
+
+    def _solve(self, problem: Tensor, last: int) -> Tensor:
+        """Each head's labeler on its columns of ``problem [N, H·Ku]`` → ``[last, H·Ku]`` labels."""
+        if len(self.labelers) == 1:
+            return self.labeler(problem, last=last)
+        parts = [part.contiguous() for part in problem.chunk(len(self.labelers), dim=1)]
+        return torch.cat([labeler(part, last=last) for labeler, part in zip(self.labelers, parts)], dim=1)
+
     def __call__(self, novel_scores: Tensor, valid: Tensor, step: int) -> tuple[Tensor, dict[str, float]]:
-        """Pseudo-labels for ``novel_scores [V, B, Ku]`` (detached logits of this rank's ``V`` views).
+        """Pseudo-labels for ``novel_scores [V, B, Ku]`` (detached logits of this rank's ``V`` views; ``[V, B, H·Ku]``
+        with ``H`` labelers).
 
         Args:
             valid: ``[B]`` bool, decodable novel rows.
             step: the global training step (the buffer's clock).
 
         Returns:
-            ``[V, B, Ku]`` soft labels, rows sum to 1 (rows of invalid images are zeros), and phase times in
+            ``[V, B, Ku]`` soft labels (``[V, B, H·Ku]``: each head's rows sum to 1; rows of invalid images are zeros), and phase times in
             seconds ``{"exchange": gather + buffer, "ot": labeler call}``.
         """
         views, b, ku = novel_scores.shape
@@ -77,7 +94,7 @@ class Discovery:
         problem = self.buffer.history_plus(step, new_rows) if self.buffer is not None else new_rows
         _settle(novel_scores.device)
         t1 = time.perf_counter()
-        labels = self.labeler(problem.to(novel_scores.device), last=new_rows.shape[0])
+        labels = self._solve(problem.to(novel_scores.device), last=new_rows.shape[0])
         t2 = time.perf_counter()
         if self.buffer is not None:
             self.buffer.commit(step, new_rows)

@@ -28,20 +28,31 @@ class NCDLR(Method):
     name = "ncdlr"
     default_loss = "mse"
 
-    def __init__(self, cfg: MethodConfig, labeler: AdaptiveSelfLabeler, use_buffer: bool = True):
+    def __init__(self, cfg: MethodConfig, labeler: AdaptiveSelfLabeler, use_buffer: bool = True,
+                 extra_labelers: list[AdaptiveSelfLabeler] | None = None):
         super().__init__(cfg, labeler)
+        self.extra_labelers.extend(extra_labelers or [])
         self._use_buffer = use_buffer
-        self.discovery = Discovery(labeler)
+        self.discovery = Discovery(self.labelers)
 
     @property
     def uses_buffer(self) -> bool:
         return self._use_buffer
 
     def connect(self, *, buffer: SharedBuffer | None = None, gather: Gather = single_process, rank: int = 0) -> None:
-        self.discovery = Discovery(self.labeler, buffer if self._use_buffer else None, gather, rank)
+        self.discovery = Discovery(self.labelers, buffer if self._use_buffer else None, gather, rank)
 
     def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int):
         """``[2, B, Ku]`` detached soft labels (view 1, view 2); invalid rows are zeros."""
-        pu = model.class_prototypes()[:, model.num_known:]
-        scores = torch.stack([z1 @ pu, z2 @ pu]).detach()
-        return self.discovery(scores, valid, step)
+        targets, times = self.novel_targets_heads([model], z1[None], z2[None], valid, step)
+        return targets[0], times
+
+    def novel_targets_heads(self, views: list[PrototypeModel], z1: Tensor, z2: Tensor, valid: Tensor, step: int):
+        """``[2, B, Ku]`` labels per head from ``z_v [H, B, D]``: the heads' novel logits side by side
+        (``[2, B, H·Ku]``) go through one discovery step, each head's columns solved by its own labeler."""
+        scores = []
+        for h, view in enumerate(views):
+            pu = view.class_prototypes()[:, view.num_known:]
+            scores.append(torch.stack([z1[h] @ pu, z2[h] @ pu]))
+        q, times = self.discovery(torch.cat(scores, dim=2).detach(), valid, step)
+        return list(q.chunk(len(views), dim=2)), times

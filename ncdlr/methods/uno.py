@@ -3,7 +3,8 @@
 Learnable, column-normalised prototypes; cross-entropy on ``z·p_k / T`` (T = 0.1) over all K classes;
 per view, a balanced Sinkhorn (uniform cluster sizes, ε = ``labeler.eps`` = 0.05, ``labeler.n_iters`` = 3)
 on the current batch only (gathered over ranks, no buffer, nothing learned); swapped prediction.
-Single head, no over-clustering (UNO's multi-head extras are not part of the paper's comparison on LT).
+One head by default; ``model.heads`` > 1 gives UNO's multi-head (each head its own prototypes and Sinkhorn, the
+head with the lowest novel loss predicts). No over-clustering.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ class UNO(Method):
     default_loss = "ce"
     requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
 
-    def __init__(self, cfg: MethodConfig, balanced: AdaptiveSelfLabeler):
+    def __init__(self, cfg: MethodConfig, balanced: AdaptiveSelfLabeler,
+                 extra_labelers: list[AdaptiveSelfLabeler] | None = None):
         super().__init__(cfg, balanced)
-        self.discovery = Discovery(balanced)
+        self.extra_labelers.extend(extra_labelers or [])
+        self.discovery = Discovery(self.labelers)
 
     def connect(self, *, buffer: SharedBuffer | None = None, gather: Gather = single_process, rank: int = 0) -> None:
-        self.discovery = Discovery(self.labeler, None, gather, rank)
+        self.discovery = Discovery(self.labelers, None, gather, rank)
 
     @staticmethod
     def check_model(model: PrototypeModel) -> None:
@@ -44,11 +47,20 @@ class UNO(Method):
 
     def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int):
         """``[2, B, Ku]`` balanced-Sinkhorn labels, each view solved on its own gathered batch."""
-        self.check_model(model)
-        pu = model.class_prototypes()[:, model.num_known:]
+        targets, times = self.novel_targets_heads([model], z1[None], z2[None], valid, step)
+        return targets[0], times
+
+    def novel_targets_heads(self, views: list[PrototypeModel], z1: Tensor, z2: Tensor, valid: Tensor, step: int):
+        """``[2, B, Ku]`` labels per head from ``z_v [H, B, D]`` (UNO's multi-head: each head its own prototypes
+        and balanced Sinkhorn; one gather per view for all heads)."""
+        pus = []
+        for view in views:
+            self.check_model(view)
+            pus.append(view.class_prototypes()[:, view.num_known:])
         out, times = [], {"exchange": 0.0, "ot": 0.0}
         for z in (z1, z2):
-            q, t = self.discovery((z @ pu).detach()[None], valid, step)
+            scores = torch.cat([z[h] @ pu for h, pu in enumerate(pus)], dim=1).detach()
+            q, t = self.discovery(scores[None], valid, step)
             out.append(q[0])
             times = {k: times[k] + t[k] for k in times}
-        return torch.stack(out), times
+        return list(torch.stack(out).chunk(len(views), dim=2)), times

@@ -5,6 +5,7 @@ A checkpoint is one file ``state.pt`` holding only tensors, numbers, strings, li
 * ``model``: the trainable parameters and all buffers (prototypes ``P``, a frozen head expansion, BatchNorm
   statistics) — frozen encoder weights are rebuilt from the config (and ``--pretrained``) instead;
 * ``optimizer`` (AdamW), ``scheduler`` (LambdaLR position), ``labeler`` (``t`` and its SGD state);
+  ``extra_labelers`` with ``model.heads`` > 1 (heads 1..H-1; the predicting head is the model's ``selected_head``);
 * ``buffer``: the shared FIFO of novel logits (``LogitBuffer.state_dict()``) and ``step`` (global step of
   its last push);
 * ``rng``: per-rank torch (and CUDA) generator states; ``epoch`` (epochs completed); ``config``;
@@ -70,9 +71,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any, labeler: nn.Module | None, buffer: dict | None, step: int, epoch: int,
                     rng: list[dict[str, Any]], config: dict, metrics: dict[str, float] | None = None,
-                    tau_history: list[float] | None = None, average: nn.Module | None = None) -> Path:
+                    tau_history: list[float] | None = None, average: nn.Module | None = None,
+                    extra_labelers: nn.Module | None = None) -> Path:
     """Write ``directory/state.pt`` atomically (temp file then rename) and return its path. ``average``: a
-    ``torch.optim.swa_utils.AveragedModel`` of ``model`` (``optim.average_epochs``), saved as well."""
+    ``torch.optim.swa_utils.AveragedModel`` of ``model`` (``optim.average_epochs``), saved as well;
+    ``extra_labelers``: the labelers of heads 1..H-1 (``model.heads`` > 1), saved when there are any."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -92,6 +95,9 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
     }
     if average is not None:
         payload["average"] = {"model": model_state(average.module), "n_averaged": int(average.n_averaged)}
+    if extra_labelers is not None and len(extra_labelers):
+        payload["extra_labelers"] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+                                     for k, v in extra_labelers.state_dict().items()}
     tmp = directory / (FILENAME + ".tmp")
     torch.save(payload, tmp)
     tmp.replace(directory / FILENAME)
@@ -138,7 +144,8 @@ def save_state(directory: str | Path, state, *, buffer: dict | None, rng: list[d
     labeler/buffer)."""
     return save_checkpoint(directory, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler,
                            labeler=state.labeler, buffer=buffer, step=state.step, epoch=state.epoch, rng=rng,
-                           config=config, metrics=metrics, tau_history=state.tau_history, average=state.average)
+                           config=config, metrics=metrics, tau_history=state.tau_history, average=state.average,
+                           extra_labelers=state.method.extra_labelers)
 
 
 def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
@@ -153,6 +160,13 @@ def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
     state.scheduler.load_state_dict(payload["scheduler"])
     if state.labeler is not None:
         state.labeler.load_state_dict(payload["labeler"])
+    extra = state.method.extra_labelers
+    if len(extra):
+        if "extra_labelers" not in payload:
+            raise CheckpointError(f"{source}: no labelers for heads 1..{len(extra)} (a checkpoint of a one-head run; "
+                                  "model.heads must match the run that wrote it)")
+        extra.load_state_dict(payload["extra_labelers"])
+    state.method.active_head = state.model.selected
     state.step = int(payload["step"])
     state.epoch = int(payload["epoch"])
     state.tau_history = list(payload.get("tau_history", []))

@@ -60,6 +60,7 @@ class ModelConfig:
     prototype_seed: int = 0  #: seed of the simplex ETF prototypes (stored in every checkpoint)
     feature_dim: int = 0  #: input width for encoder "identity" (feature-table mode); 0 → from the table
     cached_blocks: int = 0  #: set from an activation table (ncdlr embed --trainable-blocks B): the encoder takes the cached activations at the input of its last B blocks
+    heads: int = 1  #: H discovery heads trained side by side on the shared encoder, each with its own self-labeling (and buffer); after each epoch the head with the lowest novel loss is the one that predicts (UNO's multi-head, label-free). 1 → the paper's single head
     prototypes: str = "etf"  #: "etf" (fixed simplex ETF, the paper) | "learnable" (normalised, trained; uno/autonovel need it)
     num_novel: str = "0"  #: novel clusters Ku: "0" → the data's number of novel classes; N → N clusters; "auto" → ncdlr.estimate_k on the known+novel training features first (image mode embeds them with the frozen model.encoder first)
 
@@ -189,7 +190,7 @@ def _choices(key: str) -> tuple[str, ...] | None:
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
                               "labeler.gamma_per_cluster": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
-                              "optim.average_epochs": 0.0}  #: numeric keys with a lower bound
+                              "optim.average_epochs": 0.0, "model.heads": 1}  #: numeric keys with a lower bound
 
 
 def _check_choice(key: str, value: Any) -> None:
@@ -275,6 +276,11 @@ def resolve(settings: list[Setting]) -> Config:
     if cfg.optim.known_warmup_epochs and cfg.optim.known_warmup_epochs >= cfg.optim.epochs:
         raise ConfigError(f"optim.known_warmup_epochs={cfg.optim.known_warmup_epochs:g} leaves none of the "
                           f"{cfg.optim.epochs} epochs (optim.epochs) for discovering the novel classes; lower it")
+    if cfg.model.heads > 1 and cfg.method.name == "autonovel":
+        raise ConfigError("model.heads > 1 needs a self-labeling method (ncdlr or uno); autonovel has one head")
+    if cfg.model.heads > 1 and cfg.optim.mixup > 0:
+        raise ConfigError("model.heads > 1 does not combine with optim.mixup yet; set one of them back (heads 1 or "
+                          "mixup 0)")
     return cfg
 
 

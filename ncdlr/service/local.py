@@ -33,6 +33,7 @@ class TrainedRun:
     method: Method
     tau_history: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)  # the last epoch's (run_epoch's means)
 
 
 def oracle_prior(cfg: Config, splits: FeatureSplits) -> torch.Tensor | None:
@@ -55,9 +56,9 @@ def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device |
     clusters, with a :class:`~ncdlr.buffer.LocalBuffer` on ``device`` when the method uses the buffer."""
     from .train_loop import build_worker_state, compile_forward
 
-    method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior)
+    method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior, heads=model.num_heads)
     if method.uses_buffer:
-        method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel, device))
+        method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel * model.num_heads, device))
     state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device), seed=cfg.run.seed)
     compile_forward(state, cfg.optim)
     return state
@@ -78,12 +79,14 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
     model = build_model(cfg.model, splits.num_known, splits.num_novel, image_size=cfg.data.image_size)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)
     state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits))
+    metrics: dict[str, float] = {}
     for epoch in range(cfg.optim.epochs):
-        run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)
+        metrics = run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)
         if on_epoch is not None:
-            on_epoch(epoch + 1, TrainedRun(model, state.method, list(state.tau_history), time.perf_counter() - start))
+            on_epoch(epoch + 1, TrainedRun(model, state.method, list(state.tau_history), time.perf_counter() - start,
+                                           metrics))
     final = state.averaged_model()  # the weights' moving average with optim.average_epochs > 0, else the last iterate
-    return TrainedRun(final.eval(), state.method, list(state.tau_history), time.perf_counter() - start)
+    return TrainedRun(final.eval(), state.method, list(state.tau_history), time.perf_counter() - start, metrics)
 
 
 @torch.no_grad()

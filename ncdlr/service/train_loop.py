@@ -101,6 +101,10 @@ class WorkerState:
     discovery_from: int = 0  # first global step with self-labeling and the novel loss (optim.known_warmup_epochs)
     seed: int = 0  # the run's seed: with the step and the rank it draws each step's mixup pairing (optim.mixup)
     average: AveragedModel | None = None  # the weights' moving average (optim.average_epochs), updated every step
+    # model.heads > 1: each head's novel loss summed over this epoch's discovery steps ([H], on the device; reset
+    # and read by run_epoch, which selects the predicting head from it)
+    head_loss: torch.Tensor | None = None
+    head_steps: int = 0
 
     def averaged_model(self) -> NCDModel:
         """The model to evaluate and export: the moving average's copy when ``optim.average_epochs`` > 0, else
@@ -136,8 +140,8 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
     model.to(device)
     if optim.channels_last:
         model.to(memory_format=torch.channels_last)
-    if method.labeler is not None:
-        method.labeler.to(device)
+    for labeler in method.labelers:
+        labeler.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters (trainable_blocks=0 with a frozen head?)")
@@ -189,23 +193,39 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
     if optim.channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     use_amp = optim.amp and device.type == "cuda"
+    heads = model.num_heads
+    forward = model if state.forward is None else state.forward
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-        z = (model if state.forward is None else state.forward)(x).float()
-    zk1, zk2, zn1, zn2, *z_mix = z.split(b)
+        # [H, rows, D]: every head's embeddings (one head: the plain forward, with a leading 1)
+        zs = forward(x, all_heads=True).float() if heads > 1 else forward(x).float()[None]
+    views = [model] if heads == 1 else [model.head_view(h) for h in range(heads)]
+    zk1, zk2, zn1, zn2, *z_mix = zs.split(b, dim=1)
     labels = batch.known_labels.to(device)
     if known_valid.any():
-        loss_s = method.known_loss(model, zk1[known_valid], zk2[known_valid], labels[known_valid])
+        loss_s = sum(method.known_loss(views[h], zk1[h][known_valid], zk2[h][known_valid], labels[known_valid])
+                     for h in range(heads)) / heads
     else:
-        loss_s = z.sum() * 0.0
+        loss_s = zs.sum() * 0.0
+    q = None
     if state.discovery_step < 0:  # known-class warm-up: no pseudo-labels (the buffer and τ wait too)
-        loss_u, times = z.sum() * 0.0, {"exchange": 0.0, "ot": 0.0}
+        loss_u, times = zs.sum() * 0.0, {"exchange": 0.0, "ot": 0.0}
     else:
-        q, times = method.novel_targets(model, zn1, zn2, novel_valid, state.discovery_step)
-        loss_u = method.novel_loss(model, zn1, zn2, q, novel_valid) if novel_valid.any() else z.sum() * 0.0
+        targets, times = method.novel_targets_heads(views, zn1, zn2, novel_valid, state.discovery_step)
+        q = targets[0]
+        has_novel = bool(novel_valid.any())
+        if has_novel:
+            per_head = torch.stack([method.novel_loss(views[h], zn1[h], zn2[h], targets[h], novel_valid)
+                                    for h in range(heads)])
+            loss_u = per_head.sum() / heads
+        else:
+            per_head, loss_u = zs.new_zeros(heads), zs.sum() * 0.0
+        if heads > 1:  # every rank adds in the same steps (the discovery steps), so select_head's reduce matches
+            state.head_loss = per_head.detach() + (0.0 if state.head_loss is None else state.head_loss)
+            state.head_steps += int(has_novel)
     loss = loss_s + optim.alpha * loss_u
-    loss_mix = z.sum() * 0.0
-    if mix is not None:
-        loss_mix = mixed_loss(method, model, z_mix, mix, labels, q if state.discovery_step >= 0 else None, optim.alpha)
+    loss_mix = zs.sum() * 0.0
+    if mix is not None:  # one head (the config refuses model.heads > 1 with mixup)
+        loss_mix = mixed_loss(method, model, [zm[0] for zm in z_mix], mix, labels, q, optim.alpha)
         loss = loss + loss_mix
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -265,13 +285,44 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimCo
             on_step(state, stats)
     state.epoch += 1
     elapsed = time.perf_counter() - start
+    head_losses = select_head(state)
     out = {k: v / max(steps, 1) for k, v in sums.items() if k != "bad_images"}
     out["bad_images"] = sums.get("bad_images", 0.0)
     out.update(times.shares())
     out["first_batch_s"], out["first_step_s"] = first or [0.0, 0.0]
     out.update({"steps": float(steps), "steps_per_s": steps / max(elapsed, 1e-9), "epoch": float(state.epoch),
                 "tau": state.method.imbalance_factor, "lr": state.scheduler.get_last_lr()[0]})
+    if head_losses is not None:
+        out["head"] = float(state.model.selected)
+        out.update({f"loss_u_head{h}": value for h, value in enumerate(head_losses)})
     return out
+
+
+def select_head(state: WorkerState) -> list[float] | None:
+    """``model.heads`` > 1: make the head with the lowest mean novel loss over this epoch (summed over the ranks,
+    so every rank picks the same) the one that predicts, in the model and its moving average; reset the sums.
+    Returns the heads' mean losses, or None with one head or an epoch without self-labeling (selection kept).
+
+    The loss is label-free (UNO's rule for its multi-head evaluation): of heads trained on the same encoder, the one
+    whose swapped predictions agree best with its own pseudo-labels."""
+    if state.model.num_heads == 1:
+        return None
+    sums, steps = state.head_loss, state.head_steps
+    state.head_loss, state.head_steps = None, 0
+    if sums is None:  # no discovery step this epoch (the known-class warm-up): alike on every rank
+        return None
+    totals = torch.cat([sums, sums.new_tensor([float(steps)])])  # [H + 1]: the loss sums, the steps with novel rows
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(totals)
+    if totals[-1].item() == 0:
+        return None
+    means = (totals[:-1] / totals[-1]).tolist()
+    best = int(np.argmin(means))
+    state.model.select_head(best)
+    if state.average is not None:
+        state.average.module.select_head(best)
+    state.method.active_head = best
+    return means
 
 
 # -- feature-table mode: in-memory, deterministic per (seed, epoch, step, rank) --------------------------------

@@ -100,7 +100,8 @@ def run_torch_trainer(cfg: Config, data: TrainingData, train_fn, *, actor_name: 
     from .buffer_actor import get_or_create_buffer_actor
 
     namespace = "ncdlr"
-    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, num_novel, namespace) \
+    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, num_novel * cfg.model.heads,
+                                       namespace) \
         if cfg.labeler.use_buffer else None
     trainer = TorchTrainer(
         train_fn,

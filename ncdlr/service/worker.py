@@ -41,7 +41,8 @@ def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.
 
     num_novel = model_num_novel(cfg, summary)  # model.num_novel (resolved by fit) or the data's Ku
     model = build_model(cfg.model, summary.num_known, num_novel, image_size=cfg.data.image_size)
-    method = build_method(cfg.method, cfg.labeler, num_novel, fixed_prior=fixed_prior_counts(cfg, summary))
+    method = build_method(cfg.method, cfg.labeler, num_novel, fixed_prior=fixed_prior_counts(cfg, summary),
+                          heads=cfg.model.heads)
     state = build_worker_state(cfg.optim, model, method, steps, device, seed=cfg.run.seed)
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -86,7 +87,8 @@ def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, r
             ray.get(actor.restore.remote(last, buffer_state))
         if world > 1:
             dist.barrier()
-        client = BufferClient(actor, cfg.labeler.buffer_size, state.model.num_novel, rank, state.device)
+        client = BufferClient(actor, cfg.labeler.buffer_size, state.model.num_novel * state.model.num_heads, rank,
+                              state.device)  # each head's Ku columns side by side
         client.start(last)
     state.method.connect(buffer=client, gather=all_gather_rows, rank=rank)
     return client

@@ -241,10 +241,14 @@ def test_embed_caches_views_and_resumes_to_the_same_table(ray_local, prepared, t
 
 
 @pytest.mark.slow
-def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tmp_path):
-    """``ncdlr train --features CACHE`` (Ray Train, one CPU worker): the table's encoder and blocks, a finished run."""
+@pytest.mark.parametrize("heads", [1, 2])
+def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tmp_path, heads):
+    """``ncdlr train --features CACHE`` (Ray Train, one CPU worker): the table's encoder and blocks, a finished run.
+    With two heads (``model.heads``) the buffer actor holds both heads' columns, the checkpoint both labelers and
+    the selected head, and the run is evaluated through that head."""
     from ncdlr.service.config import Setting, resolve
     from ncdlr.service.embed import embed_activations
+    from ncdlr.service.trained_run import open_run
     from ncdlr.service.trainer import fit
 
     data, _ = prepared
@@ -252,12 +256,19 @@ def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tm
     embed_activations(data, cache, encoder="tiny_cnn", image_size=32, blocks=1, views=3, batch_size=8, progress=False)
     cfg = resolve([Setting("data.features", cache), Setting("model.encoder", "identity"), Setting("model.head", "linear"),
                    Setting("data.batch_size", 4), Setting("optim.epochs", 2), Setting("labeler.buffer_size", 16),
-                   Setting("run.output", str(tmp_path / "run"))])
+                   Setting("run.output", str(tmp_path / "run")), Setting("model.heads", heads)])
     result = fit(cfg)
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert result["test"]["all"] == saved["all"] and 0.0 <= saved["all"] <= 1.0
     config = (tmp_path / "run" / "config.yaml").read_text()
-    assert "cached_blocks: 1" in config and "encoder: tiny_cnn" in config
+    assert "cached_blocks: 1" in config and "encoder: tiny_cnn" in config and f"heads: {heads}" in config
+    run = open_run(tmp_path / "run")  # the run's last checkpoint, as evaluate / predict read it
+    if heads == 1:
+        assert "extra_labelers" not in run.payload and "selected_head" not in run.payload["model"]
+    else:
+        assert len(run.payload["extra_labelers"]) > 0
+        assert run.payload["buffer"]["rows"].shape[1] == 2 * run.num_novel  # both heads' columns, side by side
+        assert int(run.payload["model"]["selected_head"]) in (0, 1)
     shutil.rmtree(tmp_path / "run" / "ray", ignore_errors=True)
 
 

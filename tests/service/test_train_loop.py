@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import os
@@ -19,6 +20,7 @@ from ncdlr.service.checkpoint import (CheckpointError, inference_state, load_che
                                      save_state)
 from ncdlr.service.config import Config
 from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+from ncdlr.data.storage import free_port
 from ncdlr.service.local import local_state
 from ncdlr.service.train_loop import PairedBatch, all_gather_rows, feature_batches, run_epoch, steps_per_epoch, train_step
 
@@ -81,8 +83,8 @@ def test_known_warmup_trains_the_known_classes_alone_then_self_labeling_starts_o
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
     assert state.discovery_from == steps and state.discovery_step == -steps
     clock: list[int] = []
-    targets = state.method.novel_targets
-    state.method.novel_targets = lambda *args: (clock.append(args[-1]), targets(*args))[1]
+    targets = state.method.novel_targets_heads
+    state.method.novel_targets_heads = lambda *args: (clock.append(args[-1]), targets(*args))[1]
     known_only = run_epoch(state, batches(splits, cfg), cfg.optim)
     assert known_only["loss_u"] == 0.0 and known_only["loss_s"] > 0 and known_only["ot_share"] == 0.0
     assert clock == [] and len(buffer_of(state).buffer) == 0
@@ -305,13 +307,22 @@ def pseudo_labels_without_side_effects(state, batch, cfg, step, rank):
     return q
 
 
-def _ddp_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> None:
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int):
+    """A spawned rank's gloo process group on loopback, one torch thread; destroyed on the way out."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        from torch.nn.parallel import DistributedDataParallel
+        yield
+    finally:
+        dist.destroy_process_group()
 
+
+def _ddp_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    with gloo_group(rank, world, port):
         splits = read_feature_table(table)
         cfg = small_config(batch_size=8)
         state = new_state(cfg, splits, world)
@@ -327,17 +338,20 @@ def _ddp_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> N
             taus.append(state.labeler.imbalance_factor)
         torch.save({"taus": taus, "labels": labels, "model": state.model.state_dict(), "t": state.labeler.prior.t.detach()},
                    os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(splits, tmp_path):
-    table = str(tmp_path / "table.parquet")
+def training_table(splits, directory) -> str:
+    """The known and novel training rows of ``splits`` as a feature table the spawned ranks read."""
+    table = str(directory / "table.parquet")
     write_feature_table(table, torch.cat([splits.features[s] for s in ("known", "novel")]).numpy(),
                         torch.cat([splits.labels[s] for s in ("known", "novel")]).numpy(),
                         ["known"] * len(splits.labels["known"]) + ["novel"] * len(splits.labels["novel"]),
                         num_known=KS, num_novel=KU)
-    from ncdlr.data.storage import free_port
+    return table
+
+
+def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(splits, tmp_path):
+    table = training_table(splits, tmp_path)
 
     mp.spawn(_ddp_worker, args=(2, table, free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
@@ -358,6 +372,38 @@ def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(splits, tmp_
         assert torch.allclose(ranks[0]["model"][name], value, atol=1e-5), name
 
 
+def _ddp_heads_worker(rank: int, world: int, table: str, port: int, out_dir: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    with gloo_group(rank, world, port):
+        splits = read_feature_table(table)
+        cfg = small_config(batch_size=8 * 2 // world)
+        cfg.model.heads, cfg.data.max_steps_per_epoch = 3, 4
+        state = new_state(cfg, splits, world)
+        if world > 1:
+            state.forward = DistributedDataParallel(state.model)
+        state.method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, 3 * KU), gather=all_gather_rows, rank=rank)
+        metrics = run_epoch(state, batches(splits, cfg, 0, rank, world), cfg.optim)
+        torch.save({"head": state.model.selected, "losses": [metrics[f"loss_u_head{h}"] for h in range(3)],
+                    "t": [lab.prior.t.detach() for lab in state.method.labelers]},
+                   os.path.join(out_dir, f"heads{world}-rank{rank}.pt"))
+
+
+def test_two_gloo_ranks_choose_the_head_one_process_chooses(splits, tmp_path):
+    """``model.heads = 3`` under DDP: every head's labeler moves identically on both ranks, and the epoch's head
+    losses (reduced over the ranks) and the chosen head are those of one process on the concatenated batch."""
+    table = training_table(splits, tmp_path)
+
+    mp.spawn(_ddp_heads_worker, args=(2, table, free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_heads_worker, args=(1, table, free_port(), str(tmp_path)), nprocs=1, join=True)
+    ranks = [torch.load(tmp_path / f"heads2-rank{r}.pt", weights_only=True) for r in range(2)]
+    single = torch.load(tmp_path / "heads1-rank0.pt", weights_only=True)
+    assert ranks[0]["head"] == ranks[1]["head"] == single["head"]
+    assert ranks[0]["losses"] == ranks[1]["losses"] == pytest.approx(single["losses"], rel=1e-4)
+    for a, b, c in zip(ranks[0]["t"], ranks[1]["t"], single["t"]):
+        assert torch.equal(a, b) and a.item() == pytest.approx(c.item(), abs=1e-5)
+
+
 # ---- checkpoints and exact resume -------------------------------------------------------------------------------
 
 def _train(state, cfg, splits, epochs):
@@ -368,13 +414,14 @@ def _train(state, cfg, splits, epochs):
     return history
 
 
-@pytest.mark.parametrize("mixup, average", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.5)])
-def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup, average):
+@pytest.mark.parametrize("mixup, average, heads", [(0.0, 0.0, 1), (0.4, 0.0, 1), (0.0, 0.5, 1), (0.0, 0.5, 3)])
+def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup, average, heads):
     """With mixup too: each step's pairing is drawn from (seed, step, rank), so a resumed run pairs as before.
     With a moving average of the weights (``optim.average_epochs``) the average goes on where it stopped, and
-    evaluation reads it from the checkpoint (``inference_state``)."""
+    evaluation reads it from the checkpoint (``inference_state``). With several heads (``model.heads``) every
+    head's labeler and the selected head come back too."""
     cfg = small_config()
-    cfg.optim.mixup, cfg.optim.average_epochs = mixup, average
+    cfg.optim.mixup, cfg.optim.average_epochs, cfg.model.heads = mixup, average, heads
     cfg.data.max_steps_per_epoch = 5
     full = new_state(cfg, splits)
     full_history = _train(full, cfg, splits, 3)
@@ -391,6 +438,9 @@ def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mix
     assert history == full_history
     assert torch.equal(resumed_buffer.buffer.rows, full_buffer.buffer.rows)
     assert torch.equal(resumed.labeler.prior.t, full.labeler.prior.t)
+    for a, b in zip(full.method.extra_labelers, resumed.method.extra_labelers, strict=True):
+        assert torch.equal(a.prior.t, b.prior.t)
+    assert resumed.model.selected == full.model.selected and resumed.method.active_head == full.method.active_head
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert resumed.tau_history == full.tau_history
@@ -428,6 +478,17 @@ def test_checkpoint_for_another_model_is_refused_naming_the_file(splits, tmp_pat
     wrong = local_state(other, model, 10)
     with pytest.raises(CheckpointError, match="state.pt"):
         restore_state(wrong, load_checkpoint(tmp_path))
+
+
+@pytest.mark.parametrize("saved, loaded", [(1, 3), (3, 1), (3, 2)])
+def test_a_checkpoint_of_another_number_of_heads_is_refused(splits, tmp_path, saved, loaded):
+    """``model.heads`` must match the run that wrote the checkpoint; the error names the file and the head keys."""
+    cfg = small_config()
+    cfg.model.heads = saved
+    save_state(tmp_path, new_state(cfg, splits), buffer=None, rng=[rng_state()], config=cfg.to_dict())
+    cfg.model.heads = loaded
+    with pytest.raises(CheckpointError, match=r"state\.pt.*(extra_heads|selected_head)"):
+        restore_state(new_state(cfg, splits), load_checkpoint(tmp_path))
 
 
 def test_unknown_checkpoint_version_is_refused(tmp_path):
