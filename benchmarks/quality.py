@@ -120,6 +120,11 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # the 10 epochs, fixed before any run by the weight-averaging rule of thumb (average over the last ~20 % of the
     # run); a candidate against the fit to the training images and the seed spread of the last iterate
     "ncdlr-avg": {"optim": {"average_epochs": 2.0}},
+    # UNO's multi-head: 4 heads on the shared encoder, the lowest novel loss of the last epoch predicts (model.heads)
+    "ncdlr-h4": {"model": {"heads": 4}},
+    "uno-h4": {"method": {"name": "uno"}, "model": {"prototypes": "learnable", "heads": 4},
+               "labeler": {"prior": "uniform", "use_buffer": False}},
+    "ncdlr-uniform-h4": {"model": {"heads": 4}, "labeler": {"prior": "uniform"}},
     "uno-avg": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
                 "labeler": {"prior": "uniform", "use_buffer": False}, "optim": {"average_epochs": 2.0}},
 }
@@ -324,6 +329,7 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
     novel_train, novel_train_pred = novel_clustering(trained, splits)
     test_pred, test_novel_pred = test_predictions(trained, splits)
     tau = trained.tau_history
+    heads = head_diagnosis(trained, splits)
     learned_prior = cfg.labeler.prior in ("adaptive", "bounded", "anchored", "free") and cfg.method.name == "ncdlr"
     return {"dataset": dataset, "variant": variant, "seed": seed, "results": results,
             "tau_final": tau[-1] if tau and learned_prior else None, "tau_max": max(tau) if tau and learned_prior else None,
@@ -332,7 +338,25 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "gamma": cfg.labeler.gamma, "gamma_selection": selection, "max_imbalance": cfg.labeler.max_imbalance,
             "trace": epochs_trace, "novel_train": novel_train, "novel_train_pred": novel_train_pred.tolist(),
             "test_pred": test_pred, "test_novel_pred": test_novel_pred, "holdout_view": holdout_view,
-            "novel_heldout_pred": None if probe is None else novel_predictions(trained, probe, splits.num_known)}
+            "novel_heldout_pred": None if probe is None else novel_predictions(trained, probe, splits.num_known),
+            "heads": heads}
+
+
+def head_diagnosis(run, splits: FeatureSplits) -> dict | None:
+    """``model.heads`` > 1: the head that predicts, each head's mean novel loss over the last epoch (what chose it)
+    and each head's plain test scores (``{novel, known, all}``) — how good the label-free choice was against the
+    heads it passed over. A diagnosis read with the test labels; never used to select anything. None with one head."""
+    model = run.model
+    if getattr(model, "num_heads", 1) == 1:
+        return None
+    chosen, scores = model.selected, []
+    for h in range(model.num_heads):
+        model.select_head(h)
+        test = evaluate(run, splits, posthoc=("none",))["none"]
+        scores.append({key: test[key] for key in ("all", "known", "novel")})
+    model.select_head(chosen)
+    return {"selected": chosen, "loss_u": [run.metrics.get(f"loss_u_head{h}") for h in range(model.num_heads)],
+            "test": scores}
 
 
 #: the dataset-level rehearsal of ``--select``: candidates (γ/Ku; UNIFORM = the uniform prior), validation draws and

@@ -139,6 +139,32 @@ def known_detail(y_true: np.ndarray, num_known: int, train_counts: list[int], ce
             "classes": [(c, int(train_counts[c]), float(a), float(n)) for c, a, n in zip(known_classes, acc, share)]}
 
 
+def head_detail(cells: list[dict]) -> dict | None:
+    """How well the label-free head choice of ``model.heads`` > 1 did, over ``cells`` (one per seed) that kept
+    ``quality.head_diagnosis``'s ``heads`` (``selected``, ``loss_u [H]``, ``test [H] {novel, known, all}``):
+    test novel class-mean accuracy (%) of the ``selected`` head, of the ``mean`` head, of the ``best`` and ``worst``
+    head (picked with the test labels: what a perfect or a useless choice would give), each mean ± std over the
+    seeds; ``picked_best`` the share of seeds whose choice was the best head; ``rank_corr`` the mean over seeds of
+    the Spearman correlation between the heads' novel loss and their novel accuracy (negative: a lower loss goes
+    with a better head). None when no cell has head diagnostics."""
+    found = [c["heads"] for c in cells if c.get("heads")]
+    if not found:
+        return None
+    novel = np.array([[t["novel"] * 100 for t in h["test"]] for h in found])  # [S, H]
+    chosen = novel[np.arange(len(found)), [h["selected"] for h in found]]  # [S]
+    corr = []
+    for h, row in zip(found, novel):
+        loss = np.asarray(h["loss_u"], dtype=float)
+        if np.ptp(loss) > 0 and np.ptp(row) > 0:
+            corr.append(np.corrcoef(np.argsort(np.argsort(loss)), np.argsort(np.argsort(row)))[0, 1])
+    out = {"seeds": len(found), "heads": novel.shape[1], "picked_best": float((chosen == novel.max(1)).mean()),
+           "rank_corr": float(np.mean(corr)) if corr else float("nan")}
+    for name, values in (("selected", chosen), ("mean", novel.mean(1)), ("best", novel.max(1)),
+                         ("worst", novel.min(1))):
+        out[name], out[f"{name}_std"] = float(values.mean()), float(values.std())
+    return out
+
+
 def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b: list[dict], draws: int = 2000,
                seed: int = 0, correct=None) -> dict[str, float]:
     """Test novel accuracy of A minus B (class-mean, %), over seeds paired by position (``cells_a[i]`` and
@@ -180,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                         "and the test split's standard errors")
     parser.add_argument("--known", action="store_true", help="also print where the known test images go: each "
                         "known class's accuracy and share predicted into a novel column, by training count")
+    parser.add_argument("--heads", action="store_true", help="also print, for cells of model.heads > 1, the test "
+                        "novel accuracy of the head chosen by the novel loss against the heads' mean, best and worst")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
     parser.add_argument("--holdout-view", action="store_true",
@@ -224,6 +252,20 @@ def main(argv: list[str] | None = None) -> int:
                 k = known_detail(y_true, num_known, train_counts, cells)
                 classes = "; ".join(f"{n}: {a:.1f} / {v:.1f}" for _, n, a, v in k["classes"])
                 print(f"| {variant} | {k['seeds']} | {k['known']:.1f} | {k['to_novel']:.1f} | {classes} |")
+            print()
+        if args.heads:
+            print(f"\n{dataset}, several heads: test novel class-mean (%) of the head the novel loss chose, and of the "
+                  "heads' mean, best and worst (read with the test labels)\n")
+            print("| method | seeds | heads | chosen | mean head | best head | worst head | chose the best "
+                  "| rank corr. loss vs novel |")
+            print("|---|---|---|---|---|---|---|---|---|")
+            for variant in args.variants:
+                h = head_detail(list(kept[variant].values()))
+                if h is None:
+                    continue
+                print(f"| {variant} | {h['seeds']} | {h['heads']} | " + " | ".join(
+                    f"{h[k]:.1f} ± {h[k + '_std']:.1f}" for k in ("selected", "mean", "best", "worst"))
+                    + f" | {100 * h['picked_best']:.0f} % | {h['rank_corr']:+.2f} |")
             print()
         if args.gap:
             first, second = (kept[v] for v in args.gap)

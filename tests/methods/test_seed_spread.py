@@ -176,3 +176,18 @@ def test_the_command_prints_the_known_table_when_asked(tmp_path, capsys):
     assert seed_spread.main([*argv, "--known"]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ncdlr | 2 |")]
     assert row == ["| ncdlr | 2 | 75.0 | 25.0 | 3: 100.0 / 0.0; 1: 50.0 / 50.0 |"]
+
+
+def test_head_detail_scores_the_chosen_head_against_the_others():
+    """Two seeds of three heads: seed 0 chose its best head (lowest loss, best novel), seed 1 its worst."""
+    seed_spread = load_benchmark("seed_spread")
+
+    def cell(selected, loss, novel):
+        return {"heads": {"selected": selected, "loss_u": loss, "test": [{"novel": n, "known": 0.5} for n in novel]}}
+
+    cells = [cell(0, [0.1, 0.2, 0.3], [0.6, 0.4, 0.2]), cell(2, [0.3, 0.2, 0.1], [0.5, 0.4, 0.3]), {"test_pred": []}]
+    h = seed_spread.head_detail(cells)
+    assert h["seeds"] == 2 and h["heads"] == 3 and h["picked_best"] == 0.5
+    assert h["selected"] == pytest.approx(45.0) and h["best"] == pytest.approx(55.0) and h["worst"] == pytest.approx(25.0)
+    assert h["mean"] == pytest.approx(40.0) and h["rank_corr"] == pytest.approx(0.0)  # −1 (seed 0) and +1 (seed 1)
+    assert seed_spread.head_detail([{"test_pred": []}]) is None
