@@ -150,7 +150,7 @@ def check_num_novel(cfg: Config, data: TrainingData) -> None:
 
 def check_resume(cfg: Config, data: TrainingData) -> None:
     """``run.resume``: read the checkpoint here, then load its ``model`` into a throwaway model built as the
-    workers build theirs, and compare its buffer's width with ``Ku``.
+    workers build theirs, and compare its buffer's width with ``Ku`` (``H·Ku`` with ``model.heads = H``).
 
     With ``model.num_novel=auto`` the workers' ``Ku`` is the estimate made after Ray starts, so only
     readability is checked here.
@@ -176,9 +176,10 @@ def check_resume(cfg: Config, data: TrainingData) -> None:
     if not (cfg.labeler.use_buffer and buffer):
         return
     width, rows = int(buffer["rows"].shape[1]), int(buffer["rows"].shape[0])
-    if width != num_novel:
-        raise CheckpointError(f"{source}: its buffer holds rows of {width} novel clusters, this run has "
-                              f"Ku = {num_novel} (model.num_novel)")
+    heads = cfg.model.heads
+    if width != num_novel * heads:  # each head's Ku columns side by side
+        this_run = f"Ku = {num_novel} (model.num_novel)" + (f" × {heads} heads (model.heads)" if heads > 1 else "")
+        raise CheckpointError(f"{source}: its buffer holds rows of {width} novel clusters, this run has {this_run}")
     if rows > cfg.labeler.buffer_size:
         raise CheckpointError(f"{source}: its buffer holds {rows} rows, more than labeler.buffer_size = "
                               f"{cfg.labeler.buffer_size}")

@@ -51,14 +51,16 @@ def refused(capsys, *argv: str) -> str:
     return err
 
 
-def write_checkpoint(directory: Path, *, num_novel: int = TINY_KU, buffer_width: int | None = None) -> Path:
-    """A ``state.pt`` of the tiny feature-table model (identity encoder, mlp head) with ``num_novel`` clusters."""
+def write_checkpoint(directory: Path, *, num_novel: int = TINY_KU, buffer_width: int | None = None,
+                     heads: int = 1) -> Path:
+    """A ``state.pt`` of the tiny feature-table model (identity encoder, mlp head) with ``num_novel`` clusters
+    (and ``heads`` heads, their buffer columns side by side)."""
     cfg = tiny_config("unused.parquet", directory)
-    cfg.model.feature_dim = TINY_DIM
+    cfg.model.feature_dim, cfg.model.heads = TINY_DIM, heads
     model = build_model(cfg.model, TINY_KS, num_novel)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    width = num_novel if buffer_width is None else buffer_width
+    width = num_novel * heads if buffer_width is None else buffer_width
     buffer = {"rows": torch.zeros(8, width), "capacity": 64, "num_clusters": width}
     return save_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler, labeler=None,
                            buffer=buffer, step=4, epoch=1, rng=[], config=cfg.to_dict())
@@ -206,6 +208,19 @@ def test_a_resume_checkpoint_whose_buffer_has_another_ku_is_refused(tmp_path, ta
     write_checkpoint(tmp_path / "old", buffer_width=TINY_KU - 1)
     err = refused(capsys, "--features", table, "--output", str(tmp_path / "run"), "--resume", str(tmp_path / "old"))
     assert "run.resume" in err and f"{TINY_KU - 1} novel clusters" in err and f"Ku = {TINY_KU}" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_checkpoint_of_another_head_count_is_refused_and_its_own_is_accepted(tmp_path, table, capsys, no_ray):
+    """``model.heads``: the checkpoint's extra heads and its ``H·Ku``-wide buffer must match the run's."""
+    write_checkpoint(tmp_path / "old", heads=2)
+    err = refused(capsys, "--features", table, "--output", str(tmp_path / "run"), "--resume", str(tmp_path / "old"))
+    assert "run.resume" in err and "state.pt" in err and "extra_heads" in err
+    checked(tiny_config(table, tmp_path / "run", run={"resume": str(tmp_path / "old")}, model={"heads": 2}))
+    write_checkpoint(tmp_path / "wide", heads=2, buffer_width=TINY_KU)
+    err = refused(capsys, "--features", table, "--output", str(tmp_path / "run"), "--resume", str(tmp_path / "wide"),
+                  "--model.heads", "2")
+    assert f"{TINY_KU} novel clusters" in err and f"Ku = {TINY_KU} (model.num_novel) × 2 heads" in err
     assert not (tmp_path / "run").exists()
 
 
