@@ -55,6 +55,11 @@ def load_model_state(model: nn.Module, state: dict[str, torch.Tensor], source: s
             own[name].copy_(value)
 
 
+def cpu_state(module: nn.Module) -> dict[str, Any]:
+    """``module.state_dict()`` with its tensors as detached CPU copies (extra state, e.g. an optimiser's, as is)."""
+    return {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in module.state_dict().items()}
+
+
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -83,8 +88,7 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
         "model": model_state(model),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "labeler": {} if labeler is None else
-                   {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in labeler.state_dict().items()},
+        "labeler": {} if labeler is None else cpu_state(labeler),
         "buffer": buffer,
         "step": int(step),
         "epoch": int(epoch),
@@ -96,8 +100,7 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
     if average is not None:
         payload["average"] = {"model": model_state(average.module), "n_averaged": int(average.n_averaged)}
     if extra_labelers is not None and len(extra_labelers):
-        payload["extra_labelers"] = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
-                                     for k, v in extra_labelers.state_dict().items()}
+        payload["extra_labelers"] = cpu_state(extra_labelers)
     tmp = directory / (FILENAME + ".tmp")
     torch.save(payload, tmp)
     tmp.replace(directory / FILENAME)
