@@ -18,7 +18,7 @@ from ncdlr.method_settings import LabelerConfig, MethodConfig
 from .autonovel import AutoNovel, ranking_pairs
 from .base import Method, MethodConfigError, PrototypeModel, pad_novel
 from .crt import class_balanced_sampler, retrain_classifier
-from .discovery import Discovery, Gather, single_process
+from .discovery import Discovery, Gather, buffer_width, single_process
 from .ncdlr import NCDLR
 from .posthoc import logit_adjustment, posthoc_scores, pseudo_label_counts
 from .uno import UNO
@@ -26,7 +26,7 @@ from .uno import UNO
 METHODS: dict[str, type[Method]] = {"ncdlr": NCDLR, "uno": UNO, "autonovel": AutoNovel}
 
 __all__ = ["METHODS", "AutoNovel", "Discovery", "Gather", "Method", "MethodConfig", "MethodConfigError", "NCDLR",
-           "PrototypeModel", "UNO", "build_method", "class_balanced_sampler", "logit_adjustment", "pad_novel",
+           "PrototypeModel", "UNO", "build_method", "buffer_width", "class_balanced_sampler", "logit_adjustment", "pad_novel",
            "posthoc_scores", "pseudo_label_counts", "ranking_pairs", "retrain_classifier", "single_process"]
 
 

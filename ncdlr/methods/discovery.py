@@ -30,6 +30,12 @@ def single_process(local: Tensor) -> Tensor:
     return local.unsqueeze(0)
 
 
+def buffer_width(num_novel: int, heads: int = 1) -> int:
+    """Columns of a buffer row: each of the ``heads`` heads' ``num_novel`` (Ku) novel logits side by side
+    (:class:`Discovery`'s layout)."""
+    return num_novel * heads
+
+
 def _settle(device: torch.device) -> None:
     """Wait for queued GPU work, so that the phase timers measure their own phase (no-op on CPU)."""
     if device.type == "cuda":

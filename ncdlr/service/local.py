@@ -18,7 +18,7 @@ import torch
 
 from ncdlr.buffer import LocalBuffer
 from ncdlr.data.features import FeatureSplits, first_view
-from ncdlr.methods import Method, build_method, posthoc_scores
+from ncdlr.methods import Method, buffer_width, build_method, posthoc_scores
 from ncdlr.metrics import cluster_accuracy
 
 from .config import Config
@@ -58,7 +58,7 @@ def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device |
 
     method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior, heads=model.num_heads)
     if method.uses_buffer:
-        method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel * model.num_heads, device))
+        method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, buffer_width(model.num_novel, model.num_heads), device))
     state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device), seed=cfg.run.seed)
     compile_forward(state, cfg.optim)
     return state

@@ -157,6 +157,7 @@ def check_resume(cfg: Config, data: TrainingData) -> None:
     """
     if not cfg.run.resume:
         return
+    from ncdlr.methods import buffer_width
     from ncdlr.models import build_model
 
     from .checkpoint import CheckpointError, load_checkpoint, load_model_state
@@ -177,7 +178,7 @@ def check_resume(cfg: Config, data: TrainingData) -> None:
         return
     width, rows = int(buffer["rows"].shape[1]), int(buffer["rows"].shape[0])
     heads = cfg.model.heads
-    if width != num_novel * heads:  # each head's Ku columns side by side
+    if width != buffer_width(num_novel, heads):
         this_run = f"Ku = {num_novel} (model.num_novel)" + (f" × {heads} heads (model.heads)" if heads > 1 else "")
         raise CheckpointError(f"{source}: its buffer holds rows of {width} novel clusters, this run has {this_run}")
     if rows > cfg.labeler.buffer_size:

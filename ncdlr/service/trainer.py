@@ -97,10 +97,12 @@ def run_torch_trainer(cfg: Config, data: TrainingData, train_fn, *, actor_name: 
     import ray
     from ray.train.torch import TorchTrainer
 
+    from ncdlr.methods import buffer_width
+
     from .buffer_actor import get_or_create_buffer_actor
 
     namespace = "ncdlr"
-    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, num_novel * cfg.model.heads,
+    actor = get_or_create_buffer_actor(actor_name, cfg.labeler.buffer_size, buffer_width(num_novel, cfg.model.heads),
                                        namespace) \
         if cfg.labeler.use_buffer else None
     trainer = TorchTrainer(

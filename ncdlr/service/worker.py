@@ -77,6 +77,8 @@ def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, r
     import ray
     import torch.distributed as dist
 
+    from ncdlr.methods import buffer_width
+
     from .buffer_actor import BufferClient
     from .train_loop import all_gather_rows
 
@@ -87,8 +89,8 @@ def connect(state: WorkerState, cfg: Config, actor, buffer_state: dict | None, r
             ray.get(actor.restore.remote(last, buffer_state))
         if world > 1:
             dist.barrier()
-        client = BufferClient(actor, cfg.labeler.buffer_size, state.model.num_novel * state.model.num_heads, rank,
-                              state.device)  # each head's Ku columns side by side
+        client = BufferClient(actor, cfg.labeler.buffer_size,
+                              buffer_width(state.model.num_novel, state.model.num_heads), rank, state.device)
         client.start(last)
     state.method.connect(buffer=client, gather=all_gather_rows, rank=rank)
     return client
