@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ncdlr import labeler_fast
 from ncdlr.method_settings import LabelerConfig
-from ncdlr.ot import ScaledKernel
+from ncdlr.ot import ScaledKernel, size_exponent
 from ncdlr.priors import PriorKind, ScalarPrior, build_prior, rank_by_mass
 
 
@@ -38,7 +38,10 @@ class AdaptiveSelfLabeler(nn.Module):
 
     ``prior`` names one of :data:`ncdlr.priors.PRIORS` (``adaptive`` | ``uniform`` | ``fixed`` | ``free`` |
     ``bounded`` | ``anchored``), built with ``init_t``, ``fixed_prior`` and ``max_imbalance``; the module is
-    ``self.prior``. The learned parameter and its SGD state persist across calls and are part of
+    ``self.prior``. ``reg_m = ρ > 0`` relaxes the transport's column marginal as well: ``Y`` then holds the sizes
+    ``w`` only up to ``ρ · KL(Yᵀ1 ‖ w)`` (semi-relaxed OT, :func:`ncdlr.ot.sinkhorn`), so a cluster the scores
+    ask to be larger or smaller than its rank's ``w_r`` is let be, within that pull; 0 (the default, the paper's)
+    keeps ``Yᵀ1 = w``. The learned parameter and its SGD state persist across calls and are part of
     ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
     gathered problem stay in lock-step.
     """
@@ -57,6 +60,7 @@ class AdaptiveSelfLabeler(nn.Module):
         init_t: float = 0.0,
         fixed_prior: Tensor | None = None,
         max_imbalance: float | None = None,
+        reg_m: float = 0.0,
     ) -> None:
         super().__init__()
         if num_clusters < 1:
@@ -67,6 +71,8 @@ class AdaptiveSelfLabeler(nn.Module):
             raise ValueError(f"need eps > 0, n_iters >= 1, outer_steps >= 1, gamma >= 0; got {eps}, {n_iters}, {outer_steps}, {gamma}")
         self.num_clusters = num_clusters
         self.eps = eps
+        self.reg_m = reg_m
+        self.kappa = size_exponent(reg_m, eps)  # the column updates' power: 1 = the exact marginal w
         self.n_iters = n_iters
         self.outer_steps = outer_steps
         self.gamma = gamma
@@ -84,7 +90,7 @@ class AdaptiveSelfLabeler(nn.Module):
         true sizes, for ``prior="fixed"`` only; ``max_imbalance = 0`` means none)."""
         return cls(num_clusters, prior=cfg.prior, eps=cfg.eps, n_iters=cfg.n_iters, outer_steps=cfg.outer_steps,
                    gamma=cfg.gamma_for(num_clusters), lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
-                   max_imbalance=cfg.max_imbalance or None)
+                   max_imbalance=cfg.max_imbalance or None, reg_m=cfg.reg_m)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -118,7 +124,7 @@ class AdaptiveSelfLabeler(nn.Module):
     def objective(self, kernel: ScaledKernel, col_marginal: Tensor) -> tuple[Tensor, Tensor]:
         """``F(w)`` (0-d) for the prepared kernel and the marginal ``w [K]`` in cluster order; also returns the
         column potential ``ṽ [K]``. Differentiable in ``w``."""
-        v = kernel.column_scaling(col_marginal, self.n_iters)
+        v = kernel.column_scaling(col_marginal, self.n_iters, self.kappa)
         divergence = self.prior.divergence(col_marginal)
         value = -kernel.transport_gain(v) + self.gamma * divergence / self.num_clusters
         return value, v

@@ -53,12 +53,15 @@ def _pair_times_matrix(a: Tensor, b: Tensor, matrix: Tensor) -> tuple[Tensor, Te
     return a @ matrix, b @ matrix
 
 
-def column_scaling_jvp(kernel: ScaledKernel, col_marginal: Tensor, tangent: Tensor, n_iters: int) -> tuple[Tensor, Tensor]:
+def column_scaling_jvp(kernel: ScaledKernel, col_marginal: Tensor, tangent: Tensor, n_iters: int,
+                       kappa: float = 1.0) -> tuple[Tensor, Tensor]:
     """:meth:`ScaledKernel.column_scaling` and its directional derivative, forward mode (no autograd).
 
     Args:
         col_marginal: ``[K]`` marginal ``w``.
         tangent: ``[K]`` direction ``dw`` (the derivative of ``w`` in the learned parameter).
+        kappa: the relaxed column update's power ``κ`` (:func:`ncdlr.ot.size_exponent`; 1 = exact marginal): then
+            ``v = b (w / Kᵀu)^κ`` and ``dv = κ v (dw / w - Kᵀdu / Kᵀu)``.
 
     Returns:
         ``(ṽ, dṽ)``, both ``[K]``. Each Sinkhorn update carries its tangent along: the pair shares one
@@ -66,6 +69,8 @@ def column_scaling_jvp(kernel: ScaledKernel, col_marginal: Tensor, tangent: Tens
         (:func:`_pair_times_matrix`), so the derivative adds no pass over the kernel and builds no graph.
     """
     n = kernel.kernel.shape[0]
+    if kappa != 1.0:
+        return _relaxed_column_scaling_jvp(kernel, col_marginal, tangent, n_iters, kappa)
     v = col_marginal / kernel.column_mass
     dv = tangent / kernel.column_mass
     for _ in range(n_iters - 1):
@@ -75,6 +80,24 @@ def column_scaling_jvp(kernel: ScaledKernel, col_marginal: Tensor, tangent: Tens
         ktu, minus_ktdu = _pair_times_matrix(u, minus_du, kernel.kernel)  # Kᵀu and -Kᵀdu, [K] each
         v = col_marginal / ktu
         dv = torch.addcmul(tangent, v, minus_ktdu).div_(ktu)  # (dw - v ⊙ Kᵀdu) / Kᵀu
+    return v, dv
+
+
+def _relaxed_column_scaling_jvp(kernel: ScaledKernel, col_marginal: Tensor, tangent: Tensor, n_iters: int,
+                                kappa: float) -> tuple[Tensor, Tensor]:
+    """:func:`column_scaling_jvp` for ``κ < 1`` (the same products; each update's tangent gains the factor ``κ v``)."""
+    n = kernel.kernel.shape[0]
+    base = kernel.relaxed_base(kappa)
+    relative = tangent / col_marginal  # dw / w
+    v = base * (col_marginal / kernel.column_mass) ** kappa
+    dv = kappa * v * relative
+    for _ in range(n_iters - 1):
+        kv, kdv = _matrix_times_pair(kernel.kernel, v, dv)
+        u = (1.0 / n) / kv
+        minus_du = (u * kdv).div_(kv)
+        ktu, minus_ktdu = _pair_times_matrix(u, minus_du, kernel.kernel)
+        v = base * (col_marginal / ktu) ** kappa
+        dv = kappa * v * (relative + minus_ktdu / ktu)
     return v, dv
 
 
@@ -90,7 +113,7 @@ def transport_gain_jvp(kernel: ScaledKernel, v: Tensor, dv: Tensor) -> tuple[Ten
 
 @torch.no_grad()
 def objective_and_derivative(prior: ScalarPrior, kernel: ScaledKernel, rank_of_cluster: Tensor,
-                             rho: Tensor | None = None, *, gamma: float, n_iters: int,
+                             rho: Tensor | None = None, *, gamma: float, n_iters: int, kappa: float = 1.0,
                              with_value: bool = True) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
     """``F``, ``dF/dt``, ``ṽ`` and ``w`` for a scalar prior, forward mode; equals autograd through
     :meth:`ncdlr.labeler.AdaptiveSelfLabeler.objective` (tested) at a fraction of its cost.
@@ -105,7 +128,7 @@ def objective_and_derivative(prior: ScalarPrior, kernel: ScaledKernel, rank_of_c
         rank_of_cluster: ``[K]`` soft-mass ranks (:func:`~ncdlr.priors.rank_by_mass`).
         rho: ``[K]`` the relative ranks ``ρ`` (:meth:`ScalarPrior.relative_ranks`), computed once per call by
             the caller (None: computed here).
-        gamma, n_iters: ``γ`` and ``T`` of the labeler.
+        gamma, n_iters, kappa: ``γ``, ``T`` and the column updates' power ``κ`` of the labeler.
         with_value: False skips ``F`` itself (returned as None): the SGD step needs only ``dF/dt``, and a call
             reports ``F`` of its last alternation only.
 
@@ -121,7 +144,7 @@ def objective_and_derivative(prior: ScalarPrior, kernel: ScaledKernel, rank_of_c
     mean_rho = (ranked * rho).sum()  # ρ̄
     direction = ranked * (mean_rho - rho)  # dw/ds in rank order
     w, dw = ranked[rank_of_cluster], direction[rank_of_cluster]
-    v, dv = column_scaling_jvp(kernel, w, dw, n_iters)
+    v, dv = column_scaling_jvp(kernel, w, dw, n_iters, kappa)
     gain, dgain = transport_gain_jvp(kernel, v, dv)
     d_divergence = prior.divergence_slope(ranked, rho, mean_rho)
     derivative = (-dgain + gamma * d_divergence / k) * ds_dt
@@ -163,6 +186,7 @@ class ScalarLabeler(Protocol):
     prior: ScalarPrior
     eps: float
     n_iters: int
+    kappa: float
     outer_steps: int
     gamma: float
     grad_clip: float
@@ -178,7 +202,7 @@ def solve_scalar(labeler: ScalarLabeler, kernel: ScaledKernel, last: int | None)
     rho = prior.relative_ranks(kernel.kernel)
     for step in range(labeler.outer_steps):
         value, derivative, v, w = objective_and_derivative(prior, kernel, rank_of_cluster, rho, gamma=labeler.gamma,
-                                                           n_iters=labeler.n_iters,
+                                                           n_iters=labeler.n_iters, kappa=labeler.kappa,
                                                            with_value=step == labeler.outer_steps - 1)
         sgd_step(labeler._optimizer, prior.t, derivative, labeler.grad_clip)
     return kernel.rows(v, last), value, w

@@ -31,6 +31,7 @@ class LabelerConfig:
     init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
     buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
     use_buffer: bool = True  #: off → solve on the current gathered batch only
+    reg_m: float = 0.0  #: ρ ≥ 0; > 0 relaxes the transport's column marginal too (semi-relaxed OT, POT's reg_m): cluster sizes are pulled towards w by ρ·KL(Yᵀ1‖w) instead of held at w; 0 = held (the paper's). Compare with ε: each Sinkhorn column update is raised to ρ/(ρ+ε)
     max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
 
     def gamma_for(self, num_clusters: int) -> float:

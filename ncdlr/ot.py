@@ -19,7 +19,15 @@ import torch
 from torch import Tensor
 
 
-def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int) -> Tensor:
+def size_exponent(reg_m: float, eps: float) -> float:
+    """``κ = ρ / (ρ + ε)``: the power of a column update ``v ← (w / Kᵀu)^κ`` when the column marginal is relaxed by
+    ``ρ · KL(Yᵀ1 ‖ w)`` (semi-relaxed OT, POT's ``reg_m``); ``ρ = 0`` stands for the exact marginal (``κ = 1``)."""
+    if reg_m < 0 or eps <= 0:
+        raise ValueError(f"need reg_m >= 0 and eps > 0, got {reg_m}, {eps}")
+    return 1.0 if reg_m == 0 else reg_m / (reg_m + eps)
+
+
+def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg_m: float = 0.0) -> Tensor:
     """Truncated entropic OT between a uniform row marginal and ``col_marginal``, in the log domain.
 
     Solves ``min_Y ⟨Y, -S⟩ - ε H(Y)`` s.t. ``Y 1 = 1/N``, ``Yᵀ 1 = w`` with ``n_iters`` Sinkhorn-Knopp
@@ -34,21 +42,29 @@ def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int) -> 
             of ``S/ε`` is ever formed).
         n_iters: ``T >= 1``.
 
+        reg_m: ``ρ ≥ 0``; ``ρ > 0`` relaxes the column marginal (semi-relaxed OT): the plan minimises
+            ``⟨Y, -S⟩ - ε H(Y) + ρ KL(Yᵀ1 ‖ w)`` with the rows still exact, so cluster sizes move from ``w``
+            towards what the scores ask for, and each column update becomes ``v ← (w / Kᵀu)^κ``,
+            ``κ = ρ / (ρ + ε)`` (:func:`size_exponent`). 0 (the default) keeps ``Yᵀ1 = w``.
+
     Returns:
         ``[N, K]`` soft assignments, rows sum to 1; equals
-        ``N * ot.sinkhorn(ones(N)/N, col_marginal, -scores, eps, numItermax=n_iters, stopThr=0)``.
+        ``N * ot.sinkhorn(ones(N)/N, col_marginal, -scores, eps, numItermax=n_iters, stopThr=0)``, and with
+        ``reg_m > 0`` the row-normalised ``ot.unbalanced.sinkhorn_unbalanced(.., reg_m=(inf, reg_m))`` once both
+        have converged.
     """
     if scores.ndim != 2 or col_marginal.shape != scores.shape[1:]:
         raise ValueError(f"need scores [N, K] and col_marginal [K], got {tuple(scores.shape)} and {tuple(col_marginal.shape)}")
     if n_iters < 1 or eps <= 0:
         raise ValueError(f"need n_iters >= 1 and eps > 0, got {n_iters}, {eps}")
     n = scores.shape[0]
+    kappa = size_exponent(reg_m, eps)
     log_k = scores / eps
     log_a = -math.log(n)
     log_b = torch.log(col_marginal)
     log_u = torch.full((n,), log_a, dtype=scores.dtype, device=scores.device)
     for _ in range(n_iters):
-        log_v = log_b - torch.logsumexp(log_k + log_u[:, None], dim=0)
+        log_v = kappa * (log_b - torch.logsumexp(log_k + log_u[:, None], dim=0))
         log_u = log_a - torch.logsumexp(log_k + log_v[None, :], dim=1)
     # The last update normalised the rows, so the row-rescaled plan is a row softmax.
     return torch.softmax(log_k + log_v[None, :], dim=1)
@@ -98,20 +114,37 @@ class ScaledKernel:
         torch.mul(kernel, scores, out=weighted)
         return cls(kernel, weighted, column_mass, col_max + torch.log(column_mass), stacked)
 
-    def column_scaling(self, col_marginal: Tensor, n_iters: int) -> Tensor:
+    def column_scaling(self, col_marginal: Tensor, n_iters: int, kappa: float = 1.0) -> Tensor:
         """Rescaled column potential ``ṽ [K]`` after ``T`` column updates for the marginal ``w [K]``
-        (differentiable in ``w``).
+        (differentiable in ``w``); ``kappa`` < 1 relaxes the marginal (:func:`size_exponent`, :meth:`relaxed`).
 
         POT's ``T`` iterations end with a row update; that one only normalises the rows, which
         :meth:`rows` and :meth:`transport_gain` do anyway, so ``T`` column and ``T - 1`` row updates
         (``2T - 2`` matvecs) give the same plan.
         """
         n = self.kernel.shape[0]
+        if kappa != 1.0:
+            base = self.relaxed_base(kappa)
+            v = base * (col_marginal / self.column_mass) ** kappa
+            for _ in range(n_iters - 1):
+                u = (1.0 / n) / (self.kernel @ v)
+                v = base * (col_marginal / (self.kernel.T @ u)) ** kappa
+            return v
         v = col_marginal / self.column_mass  # the first update from a uniform u, in closed form
         for _ in range(n_iters - 1):
             u = (1.0 / n) / (self.kernel @ v)
             v = col_marginal / (self.kernel.T @ u)
         return v
+
+    def relaxed_base(self, kappa: float) -> Tensor:
+        """``[K]`` factor ``exp((1 - κ)(m_k - max m))`` of a relaxed column update in the rescaled kernel.
+
+        The kernel is stored with its column maxima ``m`` divided out, so ``ṽ = e^m v``; the exact update's ``w /
+        Kᵀu`` commutes with that rescaling, the relaxed ``(w / Kᵀu)^κ`` leaves ``e^{(1-κ) m}`` behind (shifted by
+        its maximum, which the row normalisation cancels, so nothing overflows).
+        """
+        col_max = self.log_mass - torch.log(self.column_mass)
+        return torch.exp((1.0 - kappa) * (col_max - col_max.max()))
 
     def rows(self, v: Tensor, last: int | None = None) -> Tensor:
         """Row-normalised plan ``Q`` for the column potential ``v [K]``: ``[N, K]``, or its last ``last`` rows."""

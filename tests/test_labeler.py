@@ -47,7 +47,7 @@ def size_kl(q, sizes) -> float:
 def forward_mode(labeler: AdaptiveSelfLabeler, kernel: ScaledKernel, rank: torch.Tensor, **kwargs):
     """``(F, dF/dt, ṽ, w)`` of the labeler's scalar prior by the fast path's forward mode."""
     return labeler_fast.objective_and_derivative(labeler.prior, kernel, rank, gamma=labeler.gamma,
-                                                 n_iters=labeler.n_iters, **kwargs)
+                                                 n_iters=labeler.n_iters, kappa=labeler.kappa, **kwargs)
 
 
 def test_output_rows_are_detached_distributions():
@@ -90,6 +90,18 @@ def test_large_gamma_recovers_the_uniform_prior():
     q_uniform = AdaptiveSelfLabeler(20, prior="uniform")(scores)
     assert adaptive.imbalance_factor == pytest.approx(1.0, abs=1e-3)
     torch.testing.assert_close(q_adaptive, q_uniform, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_relaxed_sizes_follow_the_scores_where_the_prior_holds_them_uniform(seed):
+    """``reg_m``: with the uniform prior, the held marginal splits the large clusters; relaxed, the sizes move
+    towards the long tail the scores show and more pseudo-labels are right (no prior learned)."""
+    scores, labels, sizes = long_tailed_scores(seed)
+    held = AdaptiveSelfLabeler(20, prior="uniform")(scores)
+    relaxed = AdaptiveSelfLabeler(20, prior="uniform", reg_m=0.45)(scores)
+    assert size_kl(relaxed, sizes) < 0.7 * size_kl(held, sizes)
+    assert pseudo_label_accuracy(relaxed, labels) > pseudo_label_accuracy(held, labels) + 0.05
+    assert torch.equal(AdaptiveSelfLabeler(20, prior="uniform", reg_m=0.0)(scores), held)  # 0 = held exactly
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -147,6 +159,7 @@ def test_identical_inputs_give_identical_labels_and_tau():
         ({"eps": 0.0}, "eps > 0"),
         ({"prior": "fixed"}, "fixed_prior"),
         ({"prior": "fixed", "fixed_prior": torch.ones(3)}, "fixed_prior"),
+        ({"reg_m": -0.1}, "reg_m >= 0"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(kwargs, message):
@@ -156,13 +169,14 @@ def test_bad_configuration_is_a_clear_error(kwargs, message):
 
 def test_from_config_takes_every_labeler_field_of_the_config():
     cfg = LabelerConfig(prior="anchored", eps=0.02, n_iters=5, outer_steps=7, gamma=3.0, lr=0.05, momentum=0.9,
-                        init_t=0.5, buffer_size=64, use_buffer=False, max_imbalance=12.0)
+                        init_t=0.5, buffer_size=64, use_buffer=False, max_imbalance=12.0, reg_m=0.2)
     labeler = AdaptiveSelfLabeler.from_config(cfg, 20)
     optimiser = labeler._optimizer.param_groups[0]
     taken = {"prior": labeler.prior.kind == "anchored", "eps": labeler.eps == 0.02, "n_iters": labeler.n_iters == 5,
              "outer_steps": labeler.outer_steps == 7, "gamma": labeler.gamma == 3.0, "lr": optimiser["lr"] == 0.05,
              "momentum": optimiser["momentum"] == 0.9, "init_t": float(labeler.prior.t.detach()) == 0.5,
              "max_imbalance": float(labeler.prior.anchor[0] / labeler.prior.anchor[-1]) == pytest.approx(12.0),
+             "reg_m": labeler.reg_m == 0.2 and labeler.kappa == pytest.approx(0.2 / 0.22),
              "gamma_per_cluster": AdaptiveSelfLabeler.from_config(
                  LabelerConfig(gamma=3.0, gamma_per_cluster=0.25), 20).gamma == 5.0}  # 0.25 · Ku, over gamma
     assert all(taken.values()), taken
@@ -197,12 +211,14 @@ def test_non_finite_scores_are_a_clear_error(bad):
 @pytest.mark.parametrize("prior,extra", [("adaptive", {}), ("bounded", {"max_imbalance": 40.0}),
                                          ("anchored", {"max_imbalance": 25.0})])
 @pytest.mark.parametrize("eps,n_iters", [(0.05, 1), (0.05, 3), (0.01, 5)])
-def test_forward_mode_derivative_equals_autograd(prior, extra, eps, n_iters):
-    """The labeler's hand-propagated dF/dt equals autograd through ``objective`` (float64, several t)."""
+@pytest.mark.parametrize("reg_m", [0.0, 0.3])
+def test_forward_mode_derivative_equals_autograd(prior, extra, eps, n_iters, reg_m):
+    """The labeler's hand-propagated dF/dt equals autograd through ``objective`` (float64, several t), with the
+    column marginal held (``reg_m = 0``) or relaxed."""
     scores, _, _ = long_tailed_scores(3)
     kernel = ScaledKernel.from_scores(scores.double(), eps)
     rank = rank_by_mass(kernel.log_mass)
-    labeler = AdaptiveSelfLabeler(20, prior=prior, eps=eps, n_iters=n_iters, gamma=4.0, **extra)
+    labeler = AdaptiveSelfLabeler(20, prior=prior, eps=eps, n_iters=n_iters, gamma=4.0, reg_m=reg_m, **extra)
     if prior == "anchored":
         labeler.prior.anchor = labeler.prior.anchor.double()  # both paths then take log(anchor) in float64
     for t in (-1.5, 0.0, 0.7, 2.5):
@@ -224,7 +240,7 @@ def test_forward_mode_derivative_equals_autograd(prior, extra, eps, n_iters):
 
 
 @pytest.mark.parametrize("prior,extra", [("adaptive", {}), ("bounded", {"max_imbalance": 40.0}),
-                                         ("anchored", {"max_imbalance": 25.0})])
+                                         ("anchored", {"max_imbalance": 25.0}), ("adaptive", {"reg_m": 0.45})])
 def test_forward_mode_labeler_follows_the_autograd_labeler(prior, extra):
     """Same τ trajectory, pseudo-labels and optimiser state with forward-mode or autograd derivatives.
 

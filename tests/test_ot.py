@@ -7,7 +7,7 @@ import ot
 import pytest
 import torch
 
-from ncdlr.ot import ScaledKernel, sinkhorn
+from ncdlr.ot import ScaledKernel, sinkhorn, size_exponent
 
 
 def _problem(seed: int, n: int = 40, k: int = 9, dtype=torch.float64):
@@ -84,3 +84,44 @@ def test_scaled_kernel_float32_at_eps_001_matches_float64():
     assert torch.isfinite(fast).all()
     reference = sinkhorn(scores.double(), marginal.double(), 0.01, 3)
     torch.testing.assert_close(fast.double(), reference, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("reg_m", [0.02, 0.45])
+def test_relaxed_sizes_equal_pot_semi_relaxed_ot_at_convergence(reg_m):
+    """``reg_m > 0``: exact rows, the column marginal pulled towards ``w`` by ``reg_m · KL`` — POT's
+    ``sinkhorn_unbalanced`` with ``reg_m = (inf, reg_m)`` and the plain entropy as regulariser (``reg_type =
+    "entropy"``, ours; POT's default is the KL to ``a bᵀ``), rows rescaled to sum 1, for both solvers."""
+    scores, marginal = _problem(11, n=120, k=6)
+    scores[:80, 0] += 0.5  # one cluster the scores want larger than w gives it
+    eps = 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = ot.unbalanced.sinkhorn_unbalanced(np.full(120, 1 / 120), marginal.numpy(), -scores.numpy(), eps,
+                                                 (float("inf"), reg_m), reg_type="entropy", numItermax=20000,
+                                                 stopThr=1e-13)
+    reference = torch.from_numpy(plan / plan.sum(1, keepdims=True))
+    torch.testing.assert_close(sinkhorn(scores, marginal, eps, 3000, reg_m=reg_m), reference, atol=1e-7, rtol=0)
+    kernel = ScaledKernel.from_scores(scores, eps)
+    fast = kernel.rows(kernel.column_scaling(marginal, 3000, size_exponent(reg_m, eps)))
+    torch.testing.assert_close(fast, reference, atol=1e-7, rtol=0)
+    exact = sinkhorn(scores, marginal, eps, 3000)
+    assert exact.mean(0)[0] == pytest.approx(float(marginal[0]), abs=1e-6)
+    assert reference.mean(0)[0] > exact.mean(0)[0] + 0.02  # the cluster the scores favour is let grow
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.05])
+@pytest.mark.parametrize("n_iters", [1, 3])
+def test_relaxed_scaled_kernel_equals_the_log_domain_solver(eps, n_iters):
+    """The truncated relaxed solve (the labeler's ``T = 3``) is the same plan in both solvers."""
+    scores, marginal = _problem(12, n=300, k=30)
+    kernel = ScaledKernel.from_scores(scores, eps)
+    kappa = size_exponent(0.1, eps)
+    fast = kernel.rows(kernel.column_scaling(marginal, n_iters, kappa))
+    torch.testing.assert_close(fast, sinkhorn(scores, marginal, eps, n_iters, reg_m=0.1), atol=1e-10, rtol=1e-8)
+
+
+def test_size_exponent_is_one_without_relaxation_and_refuses_a_negative_weight():
+    assert size_exponent(0.0, 0.05) == 1.0
+    assert size_exponent(0.45, 0.05) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="reg_m >= 0"):
+        size_exponent(-1.0, 0.05)

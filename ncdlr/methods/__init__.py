@@ -35,7 +35,8 @@ def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *
     """The :class:`Method` named by ``method.name`` for ``num_novel`` (Ku) clusters, with its labeler.
 
     ncdlr gets the adaptive labeler of ``labeler`` (``fixed_prior [Ku]``: the oracle sizes for ``prior=fixed``);
-    UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``); AutoNovel none. ``heads`` (``model.heads``)
+    UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``, relaxed by ``labeler.reg_m`` when that is set);
+    AutoNovel none. ``heads`` (``model.heads``)
     labelers for a model of that many heads (one per head; AutoNovel: one head only). Distributed parts are
     wired in afterwards with :meth:`Method.connect`.
     """
@@ -51,7 +52,8 @@ def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *
         made = [AdaptiveSelfLabeler.from_config(labeler, num_novel, fixed_prior) for _ in range(heads)]
         return NCDLR(method, made[0], labeler.use_buffer, made[1:])
     if kind is UNO:
-        made = [AdaptiveSelfLabeler(num_novel, prior="uniform", eps=labeler.eps, n_iters=labeler.n_iters)
+        made = [AdaptiveSelfLabeler(num_novel, prior="uniform", eps=labeler.eps, n_iters=labeler.n_iters,
+                                     reg_m=labeler.reg_m)
                 for _ in range(heads)]
         return UNO(method, made[0], made[1:])
     if heads > 1:

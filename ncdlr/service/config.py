@@ -188,7 +188,7 @@ def _choices(key: str) -> tuple[str, ...] | None:
 
 
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
-                              "labeler.gamma_per_cluster": 0.0,
+                              "labeler.gamma_per_cluster": 0.0, "labeler.reg_m": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
                               "optim.average_epochs": 0.0, "model.heads": 1}  #: numeric keys with a lower bound
 

@@ -201,6 +201,17 @@ def test_build_method_takes_the_labeler_from_its_config_section():
     assert (labeler.gamma, labeler.eps, labeler.outer_steps, labeler.num_clusters) == (7.5, 0.02, 4, KU)
 
 
+def test_relaxed_sizes_reach_every_heads_labeler_of_ncdlr_and_uno():
+    """``labeler.reg_m`` means the same for both self-labeling methods: UNO's balanced Sinkhorn is relaxed too."""
+    cfg = load_config(None, ["--reg-m", "0.45"])
+    uno_cfg = load_config(None, ["--reg-m", "0.45", "--method.name", "uno", "--use-buffer", "false"])
+    for made in (build_method(cfg.method, cfg.labeler, KU, heads=2),
+                 build_method(uno_cfg.method, uno_cfg.labeler, KU, heads=2)):
+        assert [labeler.reg_m for labeler in made.labelers] == [0.45, 0.45]
+        assert made.labelers[0].kappa == pytest.approx(0.9)
+    assert build_method(uno_cfg.method, load_config(None, ["--use-buffer", "false"]).labeler, KU).labeler.kappa == 1.0
+
+
 def test_anchored_prior_stays_near_its_anchor_where_the_faithful_prior_runs_away():
     scores = torch.randn(512, 10, generator=torch.Generator().manual_seed(0)) * 0.2
     scores[:, 0] += 0.6

@@ -108,6 +108,13 @@ def test_gamma_per_cluster_scales_with_ku_and_a_later_gamma_wins(tmp_path):
         load_config(None, ["--gamma-per-cluster", "-1"])
 
 
+def test_reg_m_is_read_from_the_command_line_and_refuses_a_negative_weight():
+    assert load_config(None, ["--reg-m", "0.45"]).labeler.reg_m == 0.45
+    assert load_config(None, []).labeler.reg_m == 0.0  # held sizes: the paper's transport
+    with pytest.raises(ConfigError, match="labeler.reg_m"):
+        load_config(None, ["--reg-m", "-0.1"])
+
+
 def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negative_count():
     assert load_config(None, ["--known-warmup-epochs", "1.5"]).optim.known_warmup_epochs == 1.5
     with pytest.raises(ConfigError, match="optim.known_warmup_epochs"):
