@@ -2,7 +2,8 @@
 
 Learnable, column-normalised prototypes; cross-entropy on ``z·p_k / T`` (T = 0.1) over all K classes;
 per view, a balanced Sinkhorn (uniform cluster sizes, ε = ``labeler.eps`` = 0.05, ``labeler.n_iters`` = 3)
-on the current batch only (gathered over ranks, no buffer, nothing learned); swapped prediction.
+on the current batch only (gathered over ranks, no buffer, nothing learned; ``labeler.reg_m`` > 0 relaxes its sizes
+as it does ncdlr's); swapped prediction.
 One head by default; ``model.heads`` > 1 gives UNO's multi-head (each head its own prototypes and Sinkhorn, the
 head with the lowest novel loss predicts). No over-clustering.
 """
