@@ -41,7 +41,6 @@ def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg
         eps: ``ε > 0``; 0.05 by default in the paper, 0.01 for fine-grained sets (safe here: no ``exp``
             of ``S/ε`` is ever formed).
         n_iters: ``T >= 1``.
-
         reg_m: ``ρ ≥ 0``; ``ρ > 0`` relaxes the column marginal (semi-relaxed OT): the plan minimises
             ``⟨Y, -S⟩ - ε H(Y) + ρ KL(Yᵀ1 ‖ w)`` with the rows still exact, so cluster sizes move from ``w``
             towards what the scores ask for, and each column update becomes ``v ← (w / Kᵀu)^κ``,
@@ -50,8 +49,8 @@ def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg
     Returns:
         ``[N, K]`` soft assignments, rows sum to 1; equals
         ``N * ot.sinkhorn(ones(N)/N, col_marginal, -scores, eps, numItermax=n_iters, stopThr=0)``, and with
-        ``reg_m > 0`` the row-normalised ``ot.unbalanced.sinkhorn_unbalanced(.., reg_m=(inf, reg_m))`` once both
-        have converged.
+        ``reg_m > 0`` the row-normalised ``ot.unbalanced.sinkhorn_unbalanced(.., reg_m=(inf, reg_m),
+        reg_type="entropy")`` once both have converged.
     """
     if scores.ndim != 2 or col_marginal.shape != scores.shape[1:]:
         raise ValueError(f"need scores [N, K] and col_marginal [K], got {tuple(scores.shape)} and {tuple(col_marginal.shape)}")

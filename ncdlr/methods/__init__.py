@@ -36,9 +36,8 @@ def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *
 
     ncdlr gets the adaptive labeler of ``labeler`` (``fixed_prior [Ku]``: the oracle sizes for ``prior=fixed``);
     UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``, relaxed by ``labeler.reg_m`` when that is set);
-    AutoNovel none. ``heads`` (``model.heads``)
-    labelers for a model of that many heads (one per head; AutoNovel: one head only). Distributed parts are
-    wired in afterwards with :meth:`Method.connect`.
+    AutoNovel none. ``heads`` (``model.heads``) labelers for a model of that many heads (one per head; AutoNovel: one
+    head only). Distributed parts are wired in afterwards with :meth:`Method.connect`.
     """
     kind = METHODS.get(method.name)
     if kind is None:
