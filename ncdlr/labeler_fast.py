@@ -69,35 +69,24 @@ def column_scaling_jvp(kernel: ScaledKernel, col_marginal: Tensor, tangent: Tens
         (:func:`_pair_times_matrix`), so the derivative adds no pass over the kernel and builds no graph.
     """
     n = kernel.kernel.shape[0]
-    if kappa != 1.0:
-        return _relaxed_column_scaling_jvp(kernel, col_marginal, tangent, n_iters, kappa)
-    v = col_marginal / kernel.column_mass
-    dv = tangent / kernel.column_mass
+    update = kernel.column_update(col_marginal, kappa)
+    if kappa == 1.0:
+        def tangent_of(v: Tensor, ktu: Tensor, minus_ktdu: Tensor) -> Tensor:
+            return torch.addcmul(tangent, v, minus_ktdu).div_(ktu)  # (dw - v ⊙ Kᵀdu) / Kᵀu
+    else:
+        relative = tangent / col_marginal  # dw / w
+
+        def tangent_of(v: Tensor, ktu: Tensor, minus_ktdu: Tensor) -> Tensor:
+            return kappa * v * (relative + minus_ktdu / ktu)  # κ v (dw / w - Kᵀdu / Kᵀu)
+    v = update(kernel.column_mass)
+    dv = tangent_of(v, kernel.column_mass, torch.zeros_like(v))  # the first update: u uniform, du = 0
     for _ in range(n_iters - 1):
         kv, kdv = _matrix_times_pair(kernel.kernel, v, dv)  # K v and K dv, [N] each
         u = (1.0 / n) / kv
         minus_du = (u * kdv).div_(kv)  # du = -u (K dv) / (K v); the sign is folded into dv below
         ktu, minus_ktdu = _pair_times_matrix(u, minus_du, kernel.kernel)  # Kᵀu and -Kᵀdu, [K] each
-        v = col_marginal / ktu
-        dv = torch.addcmul(tangent, v, minus_ktdu).div_(ktu)  # (dw - v ⊙ Kᵀdu) / Kᵀu
-    return v, dv
-
-
-def _relaxed_column_scaling_jvp(kernel: ScaledKernel, col_marginal: Tensor, tangent: Tensor, n_iters: int,
-                                kappa: float) -> tuple[Tensor, Tensor]:
-    """:func:`column_scaling_jvp` for ``κ < 1`` (the same products; each update's tangent gains the factor ``κ v``)."""
-    n = kernel.kernel.shape[0]
-    base = kernel.relaxed_base(kappa)
-    relative = tangent / col_marginal  # dw / w
-    v = base * (col_marginal / kernel.column_mass) ** kappa
-    dv = kappa * v * relative
-    for _ in range(n_iters - 1):
-        kv, kdv = _matrix_times_pair(kernel.kernel, v, dv)
-        u = (1.0 / n) / kv
-        minus_du = (u * kdv).div_(kv)
-        ktu, minus_ktdu = _pair_times_matrix(u, minus_du, kernel.kernel)
-        v = base * (col_marginal / ktu) ** kappa
-        dv = kappa * v * (relative + minus_ktdu / ktu)
+        v = update(ktu)
+        dv = tangent_of(v, ktu, minus_ktdu)
     return v, dv
 
 

@@ -13,6 +13,7 @@ that :class:`~ncdlr.labeler.AdaptiveSelfLabeler` makes (what it solves: :mod:`nc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -122,18 +123,20 @@ class ScaledKernel:
         (``2T - 2`` matvecs) give the same plan.
         """
         n = self.kernel.shape[0]
-        if kappa != 1.0:
-            base = self.relaxed_base(kappa)
-            v = base * (col_marginal / self.column_mass) ** kappa
-            for _ in range(n_iters - 1):
-                u = (1.0 / n) / (self.kernel @ v)
-                v = base * (col_marginal / (self.kernel.T @ u)) ** kappa
-            return v
-        v = col_marginal / self.column_mass  # the first update from a uniform u, in closed form
+        update = self.column_update(col_marginal, kappa)
+        v = update(self.column_mass)  # the first update from a uniform u, in closed form
         for _ in range(n_iters - 1):
             u = (1.0 / n) / (self.kernel @ v)
-            v = col_marginal / (self.kernel.T @ u)
+            v = update(self.kernel.T @ u)
         return v
+
+    def column_update(self, col_marginal: Tensor, kappa: float = 1.0) -> Callable[[Tensor], Tensor]:
+        """The column update ``Kᵀu [K] → ṽ [K]`` for the marginal ``w``: ``w / Kᵀu``, or relaxed (``κ < 1``)
+        ``b ⊙ (w / Kᵀu)^κ`` with ``b`` = :meth:`relaxed_base`."""
+        if kappa == 1.0:
+            return lambda denominator: col_marginal / denominator
+        base = self.relaxed_base(kappa)
+        return lambda denominator: base * (col_marginal / denominator) ** kappa
 
     def relaxed_base(self, kappa: float) -> Tensor:
         """``[K]`` factor ``exp((1 - κ)(m_k - max m))`` of a relaxed column update in the rescaled kernel.
