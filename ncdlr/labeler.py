@@ -71,8 +71,8 @@ class AdaptiveSelfLabeler(nn.Module):
             raise ValueError(f"need eps > 0, n_iters >= 1, outer_steps >= 1, gamma >= 0; got {eps}, {n_iters}, {outer_steps}, {gamma}")
         self.num_clusters = num_clusters
         self.eps = eps
+        size_exponent(reg_m, eps)  # refuses a negative reg_m
         self.reg_m = reg_m
-        self.kappa = size_exponent(reg_m, eps)  # the column updates' power: 1 = the exact marginal w
         self.n_iters = n_iters
         self.outer_steps = outer_steps
         self.gamma = gamma
@@ -93,6 +93,11 @@ class AdaptiveSelfLabeler(nn.Module):
                    max_imbalance=cfg.max_imbalance or None, reg_m=cfg.reg_m)
 
     # -- state -------------------------------------------------------------------------------
+    @property
+    def kappa(self) -> float:
+        """The Sinkhorn column updates' power ``κ = ρ / (ρ + ε)`` (1: the sizes held at ``w``)."""
+        return size_exponent(self.reg_m, self.eps)
+
     @property
     def imbalance_factor(self) -> float:
         """``τ = w_max / w_min`` of the current prior (``1 + exp(t)`` for ``adaptive``)."""

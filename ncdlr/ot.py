@@ -116,7 +116,7 @@ class ScaledKernel:
 
     def column_scaling(self, col_marginal: Tensor, n_iters: int, kappa: float = 1.0) -> Tensor:
         """Rescaled column potential ``ṽ [K]`` after ``T`` column updates for the marginal ``w [K]``
-        (differentiable in ``w``); ``kappa`` < 1 relaxes the marginal (:func:`size_exponent`, :meth:`relaxed`).
+        (differentiable in ``w``); ``kappa`` < 1 relaxes the marginal (:func:`size_exponent`, :meth:`column_update`).
 
         POT's ``T`` iterations end with a row update; that one only normalises the rows, which
         :meth:`rows` and :meth:`transport_gain` do anyway, so ``T`` column and ``T - 1`` row updates
