@@ -73,7 +73,7 @@ import torch
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service.config import Config
 from ncdlr.service.local import evaluate, known_imbalance, train
-from ncdlr.service.rehearsal import UNIFORM, apply_gamma, choose_candidate, select_gamma, select_setting
+from ncdlr.service.rehearsal import UNIFORM, apply_gamma, choose_candidate, select_edits, select_gamma
 
 #: ``labeler.reg_m`` of the relaxed variants: 9ε at ε = 0.05 (column updates raised to κ = 0.9); tried first at 1ε
 #: (κ = 0.5), where every novel row fell into one cluster (Fashion-MNIST-LT p0, 5 seeds: docs/results.md session 21)
@@ -417,27 +417,52 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
     "average": ("optim.average_epochs", (0.0, 2.0), 0.0),
     "relax": ("labeler.reg_m", (0.0, RELAX_REG_M), 0.0),
 }
+#: ``--select-setting NAME`` for a choice among named edits of several keys (:func:`ncdlr.service.rehearsal.
+#: select_edits`), the first one the default. ``sizes``: the dataset config's transport (learned τ, sizes held at w)
+#: against relaxed sizes with the learned τ and relaxed sizes with the uniform prior (the variants ``ncdlr-relax``,
+#: ``ncdlr-uniform-relax``).
+EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
+    "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M},
+              "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}},
+}
+
+
+def rehearsal_candidates(what: str) -> tuple[str, dict[object, dict[str, object]], object]:
+    """``(what the choice is named, {candidate: its config edits}, the default candidate)`` of ``--select-setting
+    what`` (:data:`SETTING_REHEARSALS` or :data:`EDIT_REHEARSALS`)."""
+    if what in EDIT_REHEARSALS:
+        edits = EDIT_REHEARSALS[what]
+        return what, edits, next(iter(edits))
+    key, values, default = SETTING_REHEARSALS[what]
+    return key, {value: {key: value} for value in values}, default
 
 
 def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str) -> dict:
-    """The dataset's known-class rehearsal of :data:`SETTING_REHEARSALS` ``[what]`` (the dataset's config, adaptive
-    prior, seed 0, :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as
-    select-<what>-<dataset>.json; the choice (under the key's field name, e.g. ``known_warmup_epochs``) is derived
+    """The dataset's known-class rehearsal of ``--select-setting what`` (:func:`rehearsal_candidates`; the dataset's
+    config, seed 0, :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as
+    select-<what>-<dataset>.json; the choice (under :func:`choice_field`, e.g. ``known_warmup_epochs``) is derived
     again from the per-draw scores on every read (:func:`choose_candidate`)."""
-    key, candidates, default = SETTING_REHEARSALS[what]
+    key, candidates, default = rehearsal_candidates(what)
     path = selection_path(root, dataset, epochs, what)
     if not path.is_file():
         start, per_draw = time.perf_counter(), {}
-        select_setting(dataset_config(dataset, epochs), splits, key, candidates, default, draws=SELECT_DRAWS,
-                       pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw)
+        select_edits(dataset_config(dataset, epochs), splits, candidates, default, draws=SELECT_DRAWS,
+                     pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw)
         path.write_text(json.dumps({"dataset": dataset, "key": key, "per_draw": {str(k): v for k, v in per_draw.items()},
                                     "draws": SELECT_DRAWS, "pseudo_novel_fraction": SELECT_FRACTION,
                                     "seconds": time.perf_counter() - start}))
     chosen = json.loads(path.read_text())
-    per_draw = {float(k): v for k, v in chosen["per_draw"].items()}
-    chosen.update({key.partition(".")[2]: choose_candidate(per_draw, default)},
+    by_name = {str(candidate): candidate for candidate in candidates}
+    per_draw = {by_name[k]: v for k, v in chosen["per_draw"].items()}
+    chosen.update({choice_field(what): choose_candidate(per_draw, default)},
                   scores={k: float(np.mean(v)) for k, v in per_draw.items()})
     return chosen
+
+
+def choice_field(what: str) -> str:
+    """The field of :func:`setting_selection`'s answer that holds the choice: the key's name (``reg_m`` for
+    ``labeler.reg_m``), or ``what`` itself for :data:`EDIT_REHEARSALS`."""
+    return rehearsal_candidates(what)[0].partition(".")[2] or what
 
 
 def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | None, trace: bool = False,
@@ -561,11 +586,12 @@ def main(argv: list[str] | None = None) -> int:
                                                     "default: the first, synthetic + openclipart)")
     parser.add_argument("--select", action="store_true",
                         help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
-    parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted(SETTING_REHEARSALS),
+    parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted({*SETTING_REHEARSALS, *EDIT_REHEARSALS}),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
                              "(labeler.momentum 0.99 or 0.9), epochs (optim.epochs 10 or 20), mixup "
-                             "(optim.mixup 0 or 1), average (optim.average_epochs 0 or 2)")
+                             "(optim.mixup 0 or 1), average (optim.average_epochs 0 or 2), relax (labeler.reg_m 0 or "
+                             "0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
@@ -611,10 +637,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         settings = list(dict.fromkeys(args.select_setting + (["warmup"] if args.select_warmup else [])))
         for what in settings if not args.render_only and args.shard is None else ():
-            key = SETTING_REHEARSALS[what][0]
+            key = rehearsal_candidates(what)[0]
             done = setting_selection(args.results, dataset, fixed if fixed is not None else synthetic_splits(0),
                                      args.epochs, what)
-            print(f"[{dataset}] {what} rehearsal: {key} = {done[key.partition('.')[2]]:g} "
+            print(f"[{dataset}] {what} rehearsal: {key} = {done[choice_field(what)]} "
                   f"(per draw: {done['per_draw']}; {done['seconds']:.0f} s)", flush=True)
         for seed in range(args.seeds):
             skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)

@@ -13,7 +13,7 @@ the known rows per candidate and draw.
 
 The uniform prior (:data:`UNIFORM`) can be a candidate, so the rehearsal may also answer "learn the prior or
 not"; :func:`select_setting` rehearses the values of any other config key the same way (e.g. the known-class
-warm-up, ``optim.known_warmup_epochs``). Several draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
+warm-up, ``optim.known_warmup_epochs``), and :func:`select_edits` named edits of several keys at once. Several draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
 (:func:`choose_candidate`) keeps the default γ/Ku unless a candidate beats it on the draws by two standard errors.
 """
 
@@ -123,17 +123,39 @@ def select_setting(cfg: Config, splits: FeatureSplits, key: str, values: Sequenc
 
     ``default`` (one of ``values``) stays unless another value beats it draw by draw by ``margin_se`` standard
     errors (:func:`choose_candidate`); hence at least two draws. Returns ``(value, {value: mean score})``;
-    ``per_draw`` is filled with ``{value: [score of each draw]}`` when given.
+    ``per_draw`` is filled with ``{value: [score of each draw]}`` when given. :func:`select_edits` with one key.
     """
-    section, _, name = key.partition(".")
-    if not hasattr(getattr(cfg, section, None), name):
-        raise ValueError(f"unknown config key {key!r}")
-    if default not in values or draws < 2:
-        raise ValueError(f"need the default among the values and at least 2 draws; got {default!r} in {list(values)}, "
-                         f"draws={draws}")
-    candidates = {value: (lambda trial, _ku, value=value: setattr(getattr(trial, section), name, value))
-                  for value in values}
-    by_draw = rehearse(cfg, splits, candidates, draws, pseudo_novel_fraction)
+    return select_edits(cfg, splits, {value: {key: value} for value in values}, default, draws,
+                        pseudo_novel_fraction, per_draw, margin_se)
+
+
+def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Mapping[str, object]], default,
+                 draws: int = 3, pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
+                 per_draw: dict | None = None, margin_se: float = 2.0) -> tuple[object, dict]:
+    """Which of several named config edits the known-class rehearsal supports.
+
+    ``candidates``: ``{name: {"section.key": value, …}}``, each applied to the trial configs of its trainings (an
+    empty edit = ``cfg`` as it is), so a candidate may change several keys at once (e.g. the uniform prior *and*
+    relaxed sizes). ``default`` (a name) stays unless another candidate beats it draw by draw by ``margin_se``
+    standard errors (:func:`choose_candidate`); hence at least two draws. Returns ``(name, {name: mean score})``;
+    ``per_draw`` is filled with ``{name: [score of each draw]}`` when given.
+    """
+    for edits in candidates.values():
+        for key in edits:
+            section, _, name = key.partition(".")
+            if not hasattr(getattr(cfg, section, None), name):
+                raise ValueError(f"unknown config key {key!r}")
+    if default not in candidates or draws < 2:
+        raise ValueError(f"need the default among the candidates and at least 2 draws; got {default!r} in "
+                         f"{list(candidates)}, draws={draws}")
+
+    def edit(trial: Config, _ku: int, edits: Mapping[str, object]) -> None:
+        for key, value in edits.items():
+            section, _, name = key.partition(".")
+            setattr(getattr(trial, section), name, value)
+
+    by_draw = rehearse(cfg, splits, {name: (lambda trial, ku, edits=edits: edit(trial, ku, edits))
+                                     for name, edits in candidates.items()}, draws, pseudo_novel_fraction)
     if per_draw is not None:
         per_draw.update(by_draw)
     return choose_candidate(by_draw, default, margin_se), {v: float(np.mean(s)) for v, s in by_draw.items()}

@@ -124,6 +124,25 @@ def test_select_setting_rehearses_the_warm_up_once_and_reads_each_choice_from_th
     assert quality.setting_selection(cells, "synthetic", None, 2, "warmup")["known_warmup_epochs"] == 0.0
 
 
+def test_the_sizes_rehearsal_reads_its_choice_among_named_edits_from_the_draws(tmp_path):
+    """The ``sizes`` rehearsal (held / relaxed / relaxed with the uniform prior) read back from its cached draws; the
+    trainings themselves are the rehearsal's own (tests/tuning/test_rehearsal.py)."""
+    quality = load_benchmark("quality")
+    key, candidates, default = quality.rehearsal_candidates("sizes")
+    assert key == "sizes" and default == "held" and candidates["held"] == {}
+    assert candidates["uniform-relaxed"] == {"labeler.prior": "uniform", "labeler.reg_m": quality.RELAX_REG_M}
+    assert quality.rehearsal_candidates("relax") == ("labeler.reg_m", {0.0: {"labeler.reg_m": 0.0},
+                                                                      quality.RELAX_REG_M: {"labeler.reg_m": quality.RELAX_REG_M}}, 0.0)
+    path = tmp_path / "select-sizes-synthetic-e2.json"
+    clear = {"held": [0.3, 0.4, 0.35], "relaxed": [0.31, 0.39, 0.37], "uniform-relaxed": [0.4, 0.5, 0.46]}
+    path.write_text(json.dumps({"dataset": "synthetic", "key": "sizes", "per_draw": clear, "draws": 3}))
+    chosen = quality.setting_selection(tmp_path, "synthetic", None, 2, "sizes")
+    assert chosen["sizes"] == "uniform-relaxed" and chosen["scores"]["held"] == pytest.approx(0.35)
+    path.write_text(json.dumps({"dataset": "synthetic", "key": "sizes", "draws": 3,
+                                "per_draw": {**clear, "uniform-relaxed": [0.2, 0.6, 0.3]}}))
+    assert quality.setting_selection(tmp_path, "synthetic", None, 2, "sizes")["sizes"] == "held"
+
+
 def test_table_overrides_name_a_cached_dataset_and_keep_the_other_defaults():
     quality = load_benchmark("quality")
     tables = quality.activation_tables(["openclipart-cached-p2=s3://bucket/p2"])

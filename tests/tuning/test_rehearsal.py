@@ -158,3 +158,35 @@ def test_select_setting_rehearses_a_config_key_on_scaled_trials_and_keeps_the_de
         rehearsal.select_setting(cfg, splits, "optim.no_such_key", (0, 1), 0)
     with pytest.raises(ValueError, match="at least 2 draws"):
         rehearsal.select_setting(cfg, splits, "optim.known_warmup_epochs", (0.0, 1.0), 0.0, draws=1)
+
+
+def test_select_edits_rehearses_named_edits_of_several_keys_and_keeps_the_default_without_evidence(monkeypatch):
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    trials = []
+
+    def fake_train(trial_cfg, trained_on):
+        trials.append((trial_cfg.labeler.prior, trial_cfg.labeler.reg_m))
+        return (trial_cfg.labeler.prior, trial_cfg.labeler.reg_m)
+
+    candidates = {"held": {}, "relaxed": {"labeler.reg_m": 0.45},
+                  "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": 0.45}}
+    measured = {("adaptive", 0.0): [0.30, 0.40, 0.35], ("adaptive", 0.45): [0.33, 0.37, 0.38],  # noise around held
+                ("uniform", 0.45): [0.40, 0.49, 0.46]}  # +0.10 on every draw
+    scores = {k: iter(v) for k, v in measured.items()}
+    monkeypatch.setattr(rehearsal, "train", fake_train)
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda edit, _: next(scores[edit]))
+    per_draw = {}
+    name, means = rehearsal.select_edits(cfg, splits, candidates, "held", draws=3, pseudo_novel_fraction=0.5,
+                                         per_draw=per_draw)
+    assert name == "uniform-relaxed" and means["held"] == pytest.approx(0.35)
+    assert per_draw == {"held": measured[("adaptive", 0.0)], "relaxed": measured[("adaptive", 0.45)],
+                        "uniform-relaxed": measured[("uniform", 0.45)]}
+    assert trials == [("adaptive", 0.0), ("adaptive", 0.45), ("uniform", 0.45)] * 3  # each draw: every candidate
+    assert cfg.labeler.prior == "adaptive" and cfg.labeler.reg_m == 0.0  # the edits went to copies
+    scores = {k: iter(v) for k, v in measured.items()}
+    scores[("uniform", 0.45)] = iter([0.31, 0.38, 0.36])  # no clear win now: the default stays
+    assert rehearsal.select_edits(cfg, splits, candidates, "held", draws=3, pseudo_novel_fraction=0.5)[0] == "held"
+    with pytest.raises(ValueError, match="unknown config key 'labeler.no_such_key'"):
+        rehearsal.select_edits(cfg, splits, {"held": {}, "x": {"labeler.no_such_key": 1}}, "held")
+    with pytest.raises(ValueError, match="default among the candidates"):
+        rehearsal.select_edits(cfg, splits, candidates, "uniform")
