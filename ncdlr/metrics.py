@@ -96,3 +96,24 @@ def cluster_accuracy(
             for group, members in head_medium_tail(list(ids), train_counts).items():
                 result[f"{half}_{group}"] = class_mean(members)
     return result
+
+
+def pseudo_label_sizes(counts: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """Label-free health of the novel clusters from how many pseudo-labels each got (hard: argmax per row).
+
+    Args:
+        counts: ``[Ku]`` pseudo-labels per novel cluster over some rows (e.g. an epoch's two views of every
+            novel row); no ground truth is read.
+
+    Returns:
+        ``clusters_empty``: clusters that got none (a cluster that is never anyone's label is lost to discovery:
+        with ``Ku`` set to the number of novel classes, at least that many classes are merged into others);
+        ``cluster_imbalance``: the largest count over the smallest non-empty one (1 when all are equal; NaN
+        without any pseudo-label), to read against the data's expected imbalance.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.ndim != 1 or counts.size == 0 or (counts < 0).any():
+        raise ValueError(f"counts must be a non-empty 1-D array of non-negative counts, got shape {counts.shape}")
+    alive = counts[counts > 0]
+    return {"clusters_empty": float(counts.size - alive.size),
+            "cluster_imbalance": float(alive.max() / alive.min()) if alive.size else float("nan")}

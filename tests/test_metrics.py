@@ -71,3 +71,15 @@ def test_group_keys_are_reported_inside_each_half():
 def test_mismatched_lengths_are_a_clear_error():
     with pytest.raises(ValueError, match="equal length"):
         cluster_accuracy([0, 1], [0], num_known=1)
+
+
+def test_pseudo_label_sizes_count_the_empty_clusters_and_the_spread_of_the_others():
+    from ncdlr.metrics import pseudo_label_sizes
+
+    assert pseudo_label_sizes([5, 0, 2, 0]) == {"clusters_empty": 2.0, "cluster_imbalance": 2.5}
+    assert pseudo_label_sizes(np.full(6, 3.0)) == {"clusters_empty": 0.0, "cluster_imbalance": 1.0}
+    nothing = pseudo_label_sizes([0, 0, 0])
+    assert nothing["clusters_empty"] == 3.0 and np.isnan(nothing["cluster_imbalance"])
+    for bad in ([], [[1, 2]], [1, -1]):
+        with pytest.raises(ValueError, match="non-negative counts"):
+            pseudo_label_sizes(bad)

@@ -178,7 +178,14 @@ class EpochLog:
             f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
             f"({metrics['steps_per_s']:.2f} steps/s, data wait {metrics.get('data_share', 0.0):.0%}{start_up})"
             + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""))
-        for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share"):
+        empty = int(metrics.get("clusters_empty", 0))
+        if empty:
+            self.say("line", f"[ncdlr] warning: {empty} of {state.model.num_novel} novel clusters got no pseudo-label "
+                             f"in epoch {state.epoch} (the others' sizes differ {metrics['cluster_imbalance']:.0f}-fold); "
+                             "a cluster no row is labelled with discovers nothing. With relaxed sizes "
+                             "(labeler.reg_m > 0) or a small γ, try reg_m 0 or a larger γ (docs/reliability.md)")
+        for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share",
+                    "clusters_empty", "cluster_imbalance"):
             if key in metrics:
                 self.writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
         self.writer.flush()

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ncdlr.data.features import FeatureSplits
 from ncdlr.data.transforms import normalise_chw_torch
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.methods import Method
+from ncdlr.metrics import pseudo_label_sizes
 from ncdlr.methods.mixup import MixPlan, blend, draw_mix, mixed_loss
 from ncdlr.models import NCDModel
 
@@ -105,6 +107,9 @@ class WorkerState:
     # and read by run_epoch, which selects the predicting head from it)
     head_loss: torch.Tensor | None = None
     head_steps: int = 0
+    # hard pseudo-labels per novel cluster over this epoch's valid novel rows, both views ([Ku], on the device;
+    # reset and read by run_epoch: the label-free clusters_empty / cluster_imbalance of its metrics)
+    cluster_counts: torch.Tensor | None = None
 
     def averaged_model(self) -> NCDModel:
         """The model to evaluate and export: the moving average's copy when ``optim.average_epochs`` > 0, else
@@ -212,6 +217,7 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
     else:
         targets, times = method.novel_targets_heads(views, zn1, zn2, novel_valid, state.discovery_step)
         q = targets[0]
+        count_pseudo_labels(state, q, novel_valid)
         has_novel = bool(novel_valid.any())
         if has_novel:
             per_head = torch.stack([method.novel_loss(views[h], zn1[h], zn2[h], targets[h], novel_valid)
@@ -242,6 +248,30 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
     }
 
 
+def count_pseudo_labels(state: WorkerState, q: torch.Tensor, valid: torch.Tensor) -> None:
+    """Add the step's hard pseudo-labels (argmax of ``q [2, B, Ku]``, soft targets of both views) of the ``valid
+    [B]`` rows to ``state.cluster_counts``. Masked, not indexed: no device sync. Targets of another shape (a
+    method whose targets are not per-cluster distributions) are not counted."""
+    num_novel = state.model.num_novel
+    if q.dim() != 3 or q.shape[0] != 2 or q.shape[-1] != num_novel:
+        return
+    hard = F.one_hot(q.argmax(-1), num_novel).to(torch.float32) * valid.to(q.device, torch.float32)[None, :, None]
+    counts = hard.sum((0, 1))
+    state.cluster_counts = counts if state.cluster_counts is None else state.cluster_counts + counts
+
+
+def epoch_cluster_sizes(state: WorkerState) -> dict[str, float]:
+    """:func:`ncdlr.metrics.pseudo_label_sizes` of this epoch's pseudo-labels, summed over the ranks (collective
+    when distributed: every rank counts in the same steps); resets the counts. Empty without a counted step (the
+    known-class warm-up, or a method whose targets are not counted: alike on every rank)."""
+    counts, state.cluster_counts = state.cluster_counts, None
+    if counts is None:
+        return {}
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(counts)
+    return pseudo_label_sizes(counts.cpu().numpy())
+
+
 def mix_plans(state: WorkerState, batch: PairedBatch, alpha: float) -> tuple[MixPlan, MixPlan] | None:
     """The step's mixup pairings (known rows, novel rows), drawn from (run seed, step, rank, which); None when
     ``optim.mixup`` is 0. Seeded per step, so a resumed run pairs the rows as an uninterrupted one."""
@@ -254,8 +284,10 @@ def mix_plans(state: WorkerState, batch: PairedBatch, alpha: float) -> tuple[Mix
 
 def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimConfig, on_step=None
               ) -> dict[str, float]:
-    """Train over ``batches``; return epoch means of the step stats, phase shares, ``steps_per_s`` and the
-    epoch's start-up: ``first_batch_s`` (waiting for the first batch) and ``first_step_s`` (the first step)."""
+    """Train over ``batches``; return epoch means of the step stats, phase shares, ``steps_per_s``, the epoch's
+    start-up: ``first_batch_s`` (waiting for the first batch) and ``first_step_s`` (the first step), and, after a
+    self-labeling epoch, the label-free ``clusters_empty`` and ``cluster_imbalance`` of its pseudo-labels
+    (:func:`epoch_cluster_sizes`)."""
     times = StepTimes()
     first: list[float] = []
     sums: dict[str, float] = {}
@@ -286,12 +318,14 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimCo
     state.epoch += 1
     elapsed = time.perf_counter() - start
     head_losses = select_head(state)
+    sizes = epoch_cluster_sizes(state)
     out = {k: v / max(steps, 1) for k, v in sums.items() if k != "bad_images"}
     out["bad_images"] = sums.get("bad_images", 0.0)
     out.update(times.shares())
     out["first_batch_s"], out["first_step_s"] = first or [0.0, 0.0]
     out.update({"steps": float(steps), "steps_per_s": steps / max(elapsed, 1e-9), "epoch": float(state.epoch),
                 "tau": state.method.imbalance_factor, "lr": state.scheduler.get_last_lr()[0]})
+    out.update(sizes)
     if head_losses is not None:
         out["head"] = float(state.model.selected)
         out.update({f"loss_u_head{h}": value for h, value in enumerate(head_losses)})

@@ -22,3 +22,24 @@ def test_progress_bar_fills_with_the_steps_done():
     assert progress_bar(0, 10, width=10) == "[..........]"
     assert progress_bar(5, 10, width=10) == "[#####.....]"
     assert progress_bar(12, 10, width=10) == "[##########]"
+
+
+def test_an_epoch_whose_pseudo_labels_left_clusters_empty_says_so_in_a_warning_line(tmp_path, capfd):
+    """Rank 0 without a board prints to the process's stdout (``sys.__stdout__``): captured at the descriptor."""
+    from types import SimpleNamespace
+
+    from ncdlr.service.config import Config
+    from ncdlr.service.console import EpochLog
+
+    cfg = Config()
+    cfg.run.output = str(tmp_path)
+    log = EpochLog(cfg, rank=0)
+    state = SimpleNamespace(epoch=3, model=SimpleNamespace(num_novel=21))
+    metrics = {"epoch_s": 1.0, "loss": 0.5, "tau": 2.2, "bad_images": 0.0, "steps_per_s": 9.0}
+    log.epoch(state, {**metrics, "clusters_empty": 0.0, "cluster_imbalance": 12.0})
+    log.epoch(state, {**metrics, "clusters_empty": 4.0, "cluster_imbalance": 390.0})
+    log.close()
+    lines = capfd.readouterr().out.splitlines()
+    warnings = [line for line in lines if "warning" in line]
+    assert len(lines) == 3 and len(warnings) == 1  # no warning while every cluster has rows
+    assert "4 of 21 novel clusters got no pseudo-label in epoch 3" in warnings[0] and "390-fold" in warnings[0]
