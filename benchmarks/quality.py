@@ -352,7 +352,8 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "trace": epochs_trace, "novel_train": novel_train, "novel_train_pred": novel_train_pred.tolist(),
             "test_pred": test_pred, "test_novel_pred": test_novel_pred, "holdout_view": holdout_view,
             "novel_heldout_pred": None if probe is None else novel_predictions(trained, probe, splits.num_known),
-            "heads": heads}
+            "heads": heads,
+            "last_epoch_pseudo_labels": {k: trained.metrics.get(k) for k in ("clusters_empty", "cluster_imbalance")}}
 
 
 def head_diagnosis(run, splits: FeatureSplits) -> dict | None:

@@ -180,3 +180,5 @@ def test_the_epoch_trace_reads_the_test_split_without_changing_the_run(one_torch
     assert traced["trace"][-1]["test_novel"] == plain["results"]["none"]["novel"]
     assert traced["trace"][-1]["test_known"] == plain["results"]["none"]["known"]
     assert all(0 <= t["test_novel"] <= 1 for t in traced["trace"])
+    sizes = plain["last_epoch_pseudo_labels"]  # the label-free cluster health of the last epoch, kept per cell
+    assert 0 <= sizes["clusters_empty"] < splits.num_novel and sizes["cluster_imbalance"] >= 1
