@@ -28,6 +28,11 @@ With ``--known`` it also prints, per (dataset, variant), where the **known** tes
 (:func:`known_detail`): the known class-mean accuracy, the share of known test images predicted into a novel
 column, and each known class's accuracy and novel share, ordered by training count.
 
+With ``--sizes`` it also prints, per (dataset, variant), the sizes of the model's novel clusters on the novel
+training rows (:func:`cluster_sizes`, label-free: the argmax over the novel columns that ``novel_train_pred`` kept):
+how many of the Ku clusters hold no row, and the largest over the smallest non-empty cluster, against the same
+ratio of the true novel classes' training counts.
+
 With ``--gap A B`` (two variants) it also prints the **paired gap** A − B of test novel accuracy over the seeds both
 have, with two standard errors (:func:`paired_gap`): the seeds' (the spread of the per-seed differences) and the test
 split's (a bootstrap of the test images within each novel class, the seeds' correctness held fixed) — the second
@@ -165,6 +170,19 @@ def head_detail(cells: list[dict]) -> dict | None:
     return out
 
 
+def cluster_sizes(cells: list[dict], num_novel: int) -> dict[str, float] | None:
+    """Over the seeds' ``novel_train_pred [N_novel]`` (novel cluster ids ``0..Ku-1``; no labels read): the number of
+    clusters holding no row (mean, min, max) and the size ratio largest / smallest non-empty cluster (median, min,
+    max). None when a cell did not keep ``novel_train_pred``."""
+    if not cells or any("novel_train_pred" not in c for c in cells):
+        return None
+    counts = [np.bincount(np.asarray(c["novel_train_pred"], dtype=np.int64), minlength=num_novel) for c in cells]
+    empty = np.array([(k == 0).sum() for k in counts], dtype=np.float64)
+    ratio = np.array([k.max() / k[k > 0].min() for k in counts])
+    return {"seeds": len(cells), "empty": empty.mean(), "empty_min": empty.min(), "empty_max": empty.max(),
+            "ratio": float(np.median(ratio)), "ratio_min": ratio.min(), "ratio_max": ratio.max()}
+
+
 def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b: list[dict], draws: int = 2000,
                seed: int = 0, correct=None) -> dict[str, float]:
     """Test novel accuracy of A minus B (class-mean, %), over seeds paired by position (``cells_a[i]`` and
@@ -208,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                         "known class's accuracy and share predicted into a novel column, by training count")
     parser.add_argument("--heads", action="store_true", help="also print, for cells of model.heads > 1, the test "
                         "novel accuracy of the head chosen by the novel loss against the heads' mean, best and worst")
+    parser.add_argument("--sizes", action="store_true", help="also print the sizes of the novel clusters on the "
+                        "novel training rows (label-free): clusters holding no row, largest / smallest non-empty")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
     parser.add_argument("--holdout-view", action="store_true",
@@ -266,6 +286,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {variant} | {h['seeds']} | {h['heads']} | " + " | ".join(
                     f"{h[k]:.1f} ± {h[k + '_std']:.1f}" for k in ("selected", "mean", "best", "worst"))
                     + f" | {100 * h['picked_best']:.0f} % | {h['rank_corr']:+.2f} |")
+            print()
+        if args.sizes:
+            counts = np.asarray(train_counts[num_known:])
+            print(f"\n{dataset}, novel clusters on the novel training rows (no labels read): clusters holding no row "
+                  f"of {num_novel}, largest / smallest non-empty cluster (true classes: "
+                  f"{counts.max() / counts.min():.0f})\n")
+            print("| method | seeds | clusters holding no row: mean (min–max) | size ratio: median (min–max) |")
+            print("|---|---|---|---|")
+            for variant in args.variants:
+                z = cluster_sizes(list(kept[variant].values()), num_novel)
+                if z is not None:
+                    print(f"| {variant} | {z['seeds']} | {z['empty']:.1f} ({z['empty_min']:.0f}–{z['empty_max']:.0f}) | "
+                          f"{z['ratio']:.0f} ({z['ratio_min']:.0f}–{z['ratio_max']:.0f}) |")
             print()
         if args.gap:
             first, second = (kept[v] for v in args.gap)

@@ -191,3 +191,26 @@ def test_head_detail_scores_the_chosen_head_against_the_others():
     assert h["selected"] == pytest.approx(45.0) and h["best"] == pytest.approx(55.0) and h["worst"] == pytest.approx(25.0)
     assert h["mean"] == pytest.approx(40.0) and h["rank_corr"] == pytest.approx(0.0)  # −1 (seed 0) and +1 (seed 1)
     assert seed_spread.head_detail([{"test_pred": []}]) is None
+
+
+def test_cluster_sizes_count_the_clusters_holding_no_training_row_and_the_size_ratio():
+    """Ku = 4. Seed 0 puts its 8 novel training rows into clusters of 5, 2, 1 and 0 rows; seed 1 into 4, 4, 0, 0."""
+    seed_spread = load_benchmark("seed_spread")
+    cells = [{"novel_train_pred": [0, 0, 0, 0, 0, 1, 1, 2]}, {"novel_train_pred": [3, 3, 3, 3, 1, 1, 1, 1]}]
+    z = seed_spread.cluster_sizes(cells, 4)
+    assert z["seeds"] == 2 and z["empty"] == 1.5 and (z["empty_min"], z["empty_max"]) == (1, 2)
+    assert z["ratio"] == 3.0 and (z["ratio_min"], z["ratio_max"]) == (1.0, 5.0)  # median of 5 and 1
+    assert seed_spread.cluster_sizes([{"test_pred": [0]}], 4) is None  # a cell without its training clustering
+
+
+def test_the_command_prints_the_sizes_table_when_asked(tmp_path, capsys):
+    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
+    argv = command_on_a_tiny_table(tmp_path, [0, 0, 0, 1, 1, 2], [0, 0, 1, 1, 2], num_known=1)
+    cell = {"test_pred": [0, 0, 1, 2, 2], "test_novel_pred": [0, 0, 0, 1, 1], "novel_train": {"all": 1.0},
+            "novel_train_pred": [0, 0, 0]}
+    for seed in (0, 1):
+        quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(cell))
+    assert seed_spread.main([*argv, "--sizes"]) == 0
+    out = capsys.readouterr().out
+    assert "(true classes: 2)" in out  # training counts of the novel classes 1, 2: 2 and 1
+    assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) |" in out.splitlines()  # all three rows in cluster 0
