@@ -45,7 +45,8 @@ def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg
         reg_m: ``ρ ≥ 0``; ``ρ > 0`` relaxes the column marginal (semi-relaxed OT): the plan minimises
             ``⟨Y, -S⟩ - ε H(Y) + ρ KL(Yᵀ1 ‖ w)`` with the rows still exact, so cluster sizes move from ``w``
             towards what the scores ask for, and each column update becomes ``v ← (w / Kᵀu)^κ``,
-            ``κ = ρ / (ρ + ε)`` (:func:`size_exponent`). 0 (the default) keeps ``Yᵀ1 = w``.
+            ``κ = ρ / (ρ + ε)`` (:func:`size_exponent`). 0 (the default) keeps ``Yᵀ1 = w``. With ``w`` uniform
+            this is the paper's relaxed OT with the sizes ``w`` free and ``ρ KL(w ‖ ν)`` as their penalty.
 
     Returns:
         ``[N, K]`` soft assignments, rows sum to 1; equals

@@ -125,3 +125,34 @@ def test_size_exponent_is_one_without_relaxation_and_refuses_a_negative_weight()
     assert size_exponent(0.45, 0.05) == pytest.approx(0.9)
     with pytest.raises(ValueError, match="reg_m >= 0"):
         size_exponent(-1.0, 0.05)
+
+
+def test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_with_w_free():
+    """The paper's relaxed OT (eq. 3–4): ``min over Y and w of ⟨Y, -S⟩ - ε H(Y) + ρ KL(w ‖ ν)`` with ``Y 1 = μ``,
+    ``Yᵀ 1 = w`` and ``ν`` uniform. Eliminating ``w = Yᵀ1`` leaves the semi-relaxed problem towards ``ν``, so one
+    relaxed Sinkhorn solve (``reg_m = ρ``, uniform marginal) is its exact solution. Checked against the paper's
+    bi-level reading solved independently: POT's balanced Sinkhorn for each ``w`` (the inner problem) and an outer
+    minimisation over the simplex (scipy, ``w = softmax(θ)``); both find the same sizes and the same plan."""
+    from scipy.optimize import minimize
+
+    scores, _ = _problem(13, n=12, k=4)
+    scores[:7, 0] += 0.4  # long-tailed demand: most rows favour cluster 0
+    s, n, k, eps, rho = scores.double().numpy(), 12, 4, 0.2, 0.5
+    uniform = np.full(k, 1 / k)
+
+    def inner(w: np.ndarray) -> tuple[float, np.ndarray]:
+        plan = ot.sinkhorn(np.full(n, 1 / n), w, -s, eps, numItermax=100000, stopThr=1e-13)
+        return float((plan * -s).sum() + eps * (plan * np.log(plan)).sum()), plan
+
+    def outer(theta: np.ndarray) -> float:
+        w = np.exp(theta - theta.max())
+        w /= w.sum()
+        return inner(w)[0] + rho * float((w * np.log(w / uniform)).sum())
+
+    found = minimize(outer, np.zeros(k), method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-13, "maxiter": 20000})
+    w_star = np.exp(found.x - found.x.max())
+    w_star /= w_star.sum()
+    relaxed = sinkhorn(scores.double(), torch.full((k,), 1 / k, dtype=torch.float64), eps, 5000, reg_m=rho) / n
+    np.testing.assert_allclose(relaxed.sum(0).numpy(), w_star, atol=1e-4)
+    np.testing.assert_allclose(relaxed.numpy(), inner(w_star)[1], atol=1e-4)
+    assert w_star[0] > 1.2 / k  # the sizes followed the scores, away from ν (0.33 against 0.25)
