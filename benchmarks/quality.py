@@ -40,7 +40,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   and ncdlr-j2048-m09 (τ's SGD momentum 0.9 instead of 0.99); ncdlr-eps01 (Sinkhorn ε 0.1: softer self-labels);
   ncdlr-mix and uno-mix (optim.mixup = 1: mixup across the images of a batch, λ ~ Beta(1, 1)); ncdlr-avg and
   uno-avg (optim.average_epochs = 2: evaluate a moving average of the weights, horizon 2 epochs); ncdlr-relax,
-  ncdlr-uniform-relax and uno-relax (labeler.reg_m = 0.45: cluster sizes relaxed, semi-relaxed OT).
+  ncdlr-uniform-relax and uno-relax (labeler.reg_m = 0.45: cluster sizes relaxed, semi-relaxed OT);
+  ncdlr-uniform-relax015 and ncdlr-uniform-relax135 (the uniform prior with reg_m 0.15 and 1.35).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
@@ -140,6 +141,10 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-uniform-relax": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M}},
     "uno-relax": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"},
                   "labeler": {"prior": "uniform", "use_buffer": False, "reg_m": RELAX_REG_M}},
+    # the uniform prior with relaxed sizes solves the paper's relaxed OT exactly, ρ in the role of γ/Ku: how much the
+    # result depends on ρ, a third and three times 0.45 (κ = 0.75 and 0.96)
+    "ncdlr-uniform-relax015": {"labeler": {"prior": "uniform", "reg_m": 0.15}},
+    "ncdlr-uniform-relax135": {"labeler": {"prior": "uniform", "reg_m": 1.35}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
