@@ -43,9 +43,9 @@ class AdaptiveSelfLabeler(nn.Module):
     ask to be larger or smaller than its rank's ``w_r`` is let be, within that pull; 0 (the default, the paper's)
     keeps ``Yᵀ1 = w``. With ``prior="uniform"`` and ``reg_m = ρ`` one solve is the *exact* solution of the paper's
     relaxed OT problem (eq. 3–4: ``min over Y, w of ⟨Y, -S⟩ + ρ KL(w ‖ ν)`` s.t. ``Yᵀ1 = w``, ``w`` free; ρ in the
-    role of γ/Ku), which the parametric ``w(τ)`` and its ``L`` optimiser steps approximate
-    (``tests/test_ot.py::test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_with_w_free``). The learned parameter and its SGD state persist across calls and are part of
-    ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
+    role of γ/Ku), which the parametric ``w(τ)`` and its ``L`` optimiser steps approximate (tests/test_ot.py,
+    ``test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_with_w_free``). The learned
+    parameter and its SGD state persist across calls and are part of ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
     gathered problem stay in lock-step.
     """
 

@@ -182,8 +182,9 @@ class EpochLog:
         if empty:
             self.say("line", f"[ncdlr] warning: {empty} of {state.model.num_novel} novel clusters got no pseudo-label "
                              f"in epoch {state.epoch} (the others' sizes differ {metrics['cluster_imbalance']:.0f}-fold); "
-                             "a cluster no row is labelled with discovers nothing. With relaxed sizes "
-                             "(labeler.reg_m > 0) or a small γ, try reg_m 0 or a larger γ (docs/reliability.md)")
+                             "a cluster no row is labelled with discovers nothing. Measured with relaxed sizes "
+                             "(labeler.reg_m > 0) and a learned prior; with --labeler.prior uniform at most 1 of 21 "
+                             "clusters ended empty there (docs/results.md, session 22)")
         for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share",
                     "clusters_empty", "cluster_imbalance"):
             if key in metrics:

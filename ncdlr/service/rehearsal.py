@@ -13,7 +13,8 @@ the known rows per candidate and draw.
 
 The uniform prior (:data:`UNIFORM`) can be a candidate, so the rehearsal may also answer "learn the prior or
 not"; :func:`select_setting` rehearses the values of any other config key the same way (e.g. the known-class
-warm-up, ``optim.known_warmup_epochs``), and :func:`select_edits` named edits of several keys at once. Several draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
+warm-up, ``optim.known_warmup_epochs``), and :func:`select_edits` named edits of several keys at once. Several
+draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
 (:func:`choose_candidate`) keeps the default γ/Ku unless a candidate beats it on the draws by two standard errors.
 """
 

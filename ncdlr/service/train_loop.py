@@ -36,8 +36,8 @@ from ncdlr.data.features import FeatureSplits
 from ncdlr.data.transforms import normalise_chw_torch
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.methods import Method
-from ncdlr.metrics import pseudo_label_sizes
 from ncdlr.methods.mixup import MixPlan, blend, draw_mix, mixed_loss
+from ncdlr.metrics import pseudo_label_sizes
 from ncdlr.models import NCDModel
 
 from .config import DataConfig, OptimConfig
