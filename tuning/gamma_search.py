@@ -26,6 +26,9 @@ Search space:
   --gamma-transfer none). For small Ku (tens of classes) the whole default range pins τ ≈ 1, i.e. behaves like
   the uniform prior — small Ku needs small γ: lower --gamma-min/--gamma-max (the embedded default searches
   1..1000 for its Ku = 20).
+  With --reg-m R1 R2 ... the cluster-size relaxation labeler.reg_m is searched too (a choice among the values,
+  e.g. 0 0.45), and the uniform candidate is tried with each value: the uniform prior with reg_m > 0 solves the
+  paper's relaxed OT exactly (docs/results.md, session 22).
   ASHA (ray.tune.schedulers.ASHAScheduler, time attribute = epoch) stops poor trials early.
 
 Each trial runs the real trainer (ncdlr.service.tune): a Tune function trainable builds a Ray Train
@@ -149,7 +152,7 @@ def search_space(args: argparse.Namespace) -> SearchSpace:
     gmin, gmax = EMBEDDED_GAMMA_RANGE if not args.features else (50.0, 5000.0)
     space = SearchSpace(gmin if args.gamma_min is None else args.gamma_min,
                         gmax if args.gamma_max is None else args.gamma_max,
-                        args.alpha_min, args.alpha_max, not args.no_uniform)
+                        args.alpha_min, args.alpha_max, not args.no_uniform, tuple(args.reg_m or ()))
     space.check()
     return space
 
@@ -186,7 +189,9 @@ def tune_search(args: argparse.Namespace, base: Config, split: ValidationSplit, 
                        grace_period=args.grace_period, reduction_factor=args.reduction_factor, seed=args.search_seed)
     print(f"[{PROG}] {args.num_samples} trials, {concurrent} at a time, {trials.optim.epochs} epochs each (ASHA), "
           f"γ ∈ [{space.gamma_min:g}, {space.gamma_max:g}]" + (" + uniform" if space.include_uniform else "")
-          + f", α ∈ [{space.alpha_min:g}, {space.alpha_max:g}], storage {storage.uri}", flush=True)
+          + f", α ∈ [{space.alpha_min:g}, {space.alpha_max:g}]"
+          + (f", labeler.reg_m ∈ {{{', '.join(f'{r:g}' for r in space.reg_m)}}}" if space.reg_m else "")
+          + f", storage {storage.uri}", flush=True)
     return settings, fit_search(tuner, settings)
 
 
@@ -204,7 +209,7 @@ def rank_trials(rows: list[dict]) -> list[dict]:
     return ranked
 
 
-COLUMNS = ("rank", "trial", "gamma", "gamma_trial", "alpha", "epoch", "score", "score_head", "score_medium",
+COLUMNS = ("rank", "trial", "gamma", "gamma_trial", "alpha", "reg_m", "epoch", "score", "score_head", "score_medium",
            "score_tail", "val_all", "tau", "status")
 
 
@@ -215,13 +220,15 @@ def _cell(column: str, value) -> str:
         return "∞ (uniform)" if math.isinf(value) else f"{value:.4g}"
     if column == "epoch":
         return str(int(value))
+    if column == "reg_m":
+        return "held" if value == 0 else f"{value:g}"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def format_table(rows: list[dict]) -> str:
     """The ranked trials as a Markdown table (γ = ∞ is the uniform-prior limit)."""
-    head = ("rank", "trial", "γ", "γ (trial)", "α", "epochs", "score (pseudo-novel)", "H", "M", "T", "val all", "τ",
-            "status")
+    head = ("rank", "trial", "γ", "γ (trial)", "α", "reg_m (sizes)", "epochs", "score (pseudo-novel)", "H", "M", "T",
+            "val all", "τ", "status")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cell(col, row.get(col)) for col in COLUMNS) + " |" for row in rows]
     return "\n".join(lines)
@@ -258,8 +265,9 @@ def plot_scores(rows: list[dict], path: Path, space: SearchSpace) -> None:
 
 
 def write_best_config(base: Config, best: dict, path: Path, note: str) -> Config:
-    """Write ``base`` with the best γ/α as YAML, re-load it with the trainer's loader and return it."""
-    save_config(apply_trial_params(base, best["gamma"], best["alpha"]), path)
+    """Write ``base`` with the best γ/α (and ``reg_m``, when the row has it) as YAML, re-load it with the trainer's
+    loader and return it."""
+    save_config(apply_trial_params(base, best["gamma"], best["alpha"], best.get("reg_m")), path)
     path.write_text("".join(f"# {line}\n" for line in note.splitlines()) + path.read_text())
     return load_yaml(path)  # the trainer's own loader: raises ConfigError if the file would be refused
 
@@ -279,7 +287,7 @@ def write_table(rows: list[dict], output: Path, space: SearchSpace) -> None:
 def best_note(args: argparse.Namespace, best: dict, rows: list[dict], split: ValidationSplit, unfinished: int) -> str:
     prior = "uniform prior (γ = ∞)" if math.isinf(best["gamma"]) else f"γ = {best['gamma']:.4g}"
     return (f"Best of {len(rows)} trials{' (search unfinished)' if unfinished else ''} of tuning/gamma_search.py "
-            f"({args.name}): {prior}, α = {best['alpha']:.3g};\n"
+            f"({args.name}): {prior}, α = {best['alpha']:.3g}, labeler.reg_m = {best.get('reg_m', 0.0):g};\n"
             f"pseudo-novel class-mean accuracy {best['score']:.4f} on the known-class validation split\n"
             f"({split.num_known} pseudo-known / {split.num_novel} pseudo-novel classes of {split.source}).\n"
             f"γ is in this config's units (Ku = {split.target_num_novel}); the trial ran with "
@@ -324,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--alpha-min", metavar="A", type=float, default=0.25, help="lower end of uniform α (0.25)")
     sp.add_argument("--alpha-max", metavar="A", type=float, default=4.0, help="upper end of uniform α (4)")
     sp.add_argument("--no-uniform", action="store_true", help="leave out the uniform-prior (γ = ∞) candidate")
+    sp.add_argument("--reg-m", metavar="R", type=float, nargs="+", default=None,
+                    help="also search the cluster-size relaxation labeler.reg_m among these values, e.g. 0 0.45 "
+                         "(0: sizes held at w, the paper's algorithm; > 0: relaxed); the uniform candidate is tried "
+                         "with each (uniform prior + reg_m > 0 = the paper's relaxed OT solved exactly). Default: "
+                         "the base config's reg_m, not searched")
     sp.add_argument("--gamma-transfer", choices=("ku", "none"), default="ku",
                     help="'ku': trials use γ·Ku'/Ku (same γ/Ku as the real run); 'none': trials use γ as is")
     sp.add_argument("--num-samples", metavar="N", type=int, default=8,

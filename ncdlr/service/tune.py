@@ -77,26 +77,39 @@ def set_ray_env_defaults() -> None:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """γ (config units, Ku novel classes) log-uniform, α uniform; the uniform limit as an explicit candidate."""
+    """γ (config units, Ku novel classes) log-uniform, α uniform; the uniform limit as an explicit candidate.
+
+    ``reg_m``: when given, the cluster-size relaxation ``labeler.reg_m`` is searched too, a choice among these values
+    (e.g. ``(0, 0.45)``: sizes held or relaxed), and the uniform limit is evaluated with each of them (the uniform
+    prior with ``reg_m > 0`` is the paper's relaxed OT solved exactly). Empty: the base config's ``reg_m``."""
 
     gamma_min: float = 50.0
     gamma_max: float = 5000.0
     alpha_min: float = 0.25
     alpha_max: float = 4.0
     include_uniform: bool = True
+    reg_m: tuple[float, ...] = ()
 
     def check(self) -> None:
         if not 0 < self.gamma_min < self.gamma_max < math.inf:
             raise ConfigError(f"need 0 < --gamma-min < --gamma-max < inf, got {self.gamma_min:g}, {self.gamma_max:g}")
         if not 0 < self.alpha_min <= self.alpha_max:
             raise ConfigError(f"need 0 < --alpha-min <= --alpha-max, got {self.alpha_min:g}, {self.alpha_max:g}")
+        if any(not 0 <= r < math.inf for r in self.reg_m):
+            raise ConfigError(f"--reg-m values must be finite and >= 0, got {' '.join(f'{r:g}' for r in self.reg_m)}")
 
     def tune_space(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Tune's ``param_space`` and ``points_to_evaluate`` (the uniform limit with α = 1, evaluated first)."""
+        """Tune's ``param_space`` and ``points_to_evaluate`` (the uniform limit with α = 1, evaluated first; with
+        :attr:`reg_m`, once per value)."""
         self.check()
         params = {"gamma": tune.loguniform(self.gamma_min, self.gamma_max),
                   "alpha": tune.uniform(self.alpha_min, self.alpha_max)}
-        return params, [{"gamma": UNIFORM, "alpha": 1.0}] if self.include_uniform else []
+        if self.reg_m:
+            params["reg_m"] = tune.choice(list(self.reg_m))
+        if not self.include_uniform:
+            return params, []
+        uniform = {"gamma": UNIFORM, "alpha": 1.0}
+        return params, [{**uniform, "reg_m": r} for r in self.reg_m] if self.reg_m else [uniform]
 
 
 def trial_gamma(gamma: float, val_num_novel: int, target_num_novel: int, transfer: bool) -> float:
@@ -106,13 +119,16 @@ def trial_gamma(gamma: float, val_num_novel: int, target_num_novel: int, transfe
     return gamma * val_num_novel / target_num_novel
 
 
-def apply_trial_params(base: Config, gamma: float, alpha: float) -> Config:
-    """A copy of ``base`` with γ/α set: γ = ∞ → ``labeler.prior = uniform`` (γ left as in ``base``)."""
+def apply_trial_params(base: Config, gamma: float, alpha: float, reg_m: float | None = None) -> Config:
+    """A copy of ``base`` with γ/α set: γ = ∞ → ``labeler.prior = uniform`` (γ left as in ``base``); ``reg_m``, when
+    given, sets ``labeler.reg_m``."""
     cfg = copy.deepcopy(base)
     if not math.isinf(gamma):
         cfg.labeler.prior = "adaptive"
     cfg.labeler.set_gamma(gamma)
     cfg.optim.alpha = float(alpha)
+    if reg_m is not None:
+        cfg.labeler.reg_m = float(reg_m)
     return cfg
 
 
@@ -137,10 +153,11 @@ class TrialSettings:
     def trial_gamma(self, gamma: float) -> float:
         return trial_gamma(gamma, self.val_num_novel, self.target_num_novel, self.gamma_transfer)
 
-    def trial_config(self, gamma: float, alpha: float, output: Path) -> Config:
-        """The Config one trial trains: γ (transferred) and α set, the trial's resources, no final evaluation, a
-        checkpoint every epoch (ASHA and the validation scorer read each epoch's report and checkpoint)."""
-        cfg = apply_trial_params(self.cfg, self.trial_gamma(gamma), alpha)
+    def trial_config(self, gamma: float, alpha: float, output: Path, reg_m: float | None = None) -> Config:
+        """The Config one trial trains: γ (transferred), α (and ``reg_m`` when searched) set, the trial's resources,
+        no final evaluation, a checkpoint every epoch (ASHA and the validation scorer read each epoch's report and
+        checkpoint)."""
+        cfg = apply_trial_params(self.cfg, self.trial_gamma(gamma), alpha, reg_m)
         cfg.run.output, cfg.run.evaluate, cfg.run.checkpoint_every_s = str(output), False, 0.0
         cfg.run.num_workers, cfg.run.cpus_per_worker = self.workers, self.cpus_per_trial / self.workers
         cfg.run.use_gpu = "true" if self.gpus_per_trial > 0 else "false"
@@ -237,7 +254,8 @@ def fit_reporting_to_tune(fit, results, poll_s: float = 0.5):
 
 
 def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> None:
-    """Tune function trainable: one (γ, α) = ``config["gamma"], config["alpha"]`` trained with the real trainer.
+    """Tune function trainable: one (γ, α) = ``config["gamma"], config["alpha"]`` (and ``config["reg_m"]`` when the
+    search has it) trained with the real trainer.
 
     ``settings`` and ``env`` (the driver's ``AWS_*`` variables, applied by the trial, the Train controller and
     the workers) come through ``tune.with_parameters``, so credentials stay out of the stored experiment.
@@ -251,7 +269,8 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     os.environ.update(env)
     context = tune.get_context()
     trial_id = context.get_trial_id()
-    cfg = settings.trial_config(config["gamma"], config["alpha"], Path(context.get_trial_dir()) / "run")
+    cfg = settings.trial_config(config["gamma"], config["alpha"], Path(context.get_trial_dir()) / "run",
+                                config.get("reg_m"))
     data = load_training_data(cfg.data)
     model_for_table(cfg, data.features)
     save_config(cfg, Path(cfg.run.output) / "config.yaml")
@@ -384,7 +403,8 @@ def fit_search(tuner: tune.Tuner, settings: TrialSettings):
 
 
 def trial_rows(result_grid, settings: TrialSettings) -> list[dict]:
-    """One row per trial of a Tune ``ResultGrid``: γ (config units and as trained), α, status, last metrics."""
+    """One row per trial of a Tune ``ResultGrid``: γ (config units and as trained), α, ``reg_m``, status, last
+    metrics."""
     rows = []
     epochs = settings.cfg.optim.epochs
     for result in result_grid:
@@ -396,8 +416,9 @@ def trial_rows(result_grid, settings: TrialSettings) -> list[dict]:
             status = "not run"
         else:  # fewer epochs: stopped by ASHA (or by an interruption, until the search is resumed)
             status = "completed" if metrics["epoch"] == epochs else "stopped"
+        reg_m = float(result.config.get("reg_m", settings.cfg.labeler.reg_m))
         rows.append({"trial": metrics.get("trial_id") or Path(result.path).name, "gamma": gamma,
-                     "gamma_trial": settings.trial_gamma(gamma), "alpha": alpha, "status": status,
+                     "gamma_trial": settings.trial_gamma(gamma), "alpha": alpha, "reg_m": reg_m, "status": status,
                      **{k: metrics.get(k) for k in ("epoch", "score", "score_head", "score_medium", "score_tail",
                                                     "val_all", "val_known", "tau", "loss")}})
     return rows

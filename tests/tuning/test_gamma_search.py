@@ -54,6 +54,16 @@ def test_best_config_is_accepted_unchanged_by_both_training_entry_points(tmp_pat
     assert load_config(args.config).to_dict() == loaded.to_dict()
 
 
+def test_a_searched_size_relaxation_reaches_the_table_and_best_yaml(tmp_path):
+    rows = rank_trials([{"gamma": UNIFORM, "alpha": 1.0, "reg_m": 0.45, "epoch": 8, "score": 0.7, "trial": "u"},
+                        {"gamma": 10.0, "alpha": 1.0, "reg_m": 0.0, "epoch": 8, "score": 0.6, "trial": "h"}])
+    table = format_table(rows)
+    assert "reg_m (sizes)" in table and "| 0.45 |" in table and "| held |" in table
+    base = load_config(ROOT / "configs" / "openclipart.yaml")
+    loaded = write_best_config(base, rows[0], tmp_path / "best.yaml", "best")
+    assert (loaded.labeler.prior, loaded.labeler.reg_m) == ("uniform", 0.45)
+
+
 def test_help_explains_the_protocol_and_the_cluster_flags():
     out = subprocess.run([sys.executable, str(ROOT / "tuning" / "gamma_search.py"), "--help"], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout
@@ -69,6 +79,9 @@ def test_bad_arguments_are_reported_in_one_line(tmp_path, capsys):
     assert "missing.parquet" in capsys.readouterr().err
     assert main(["--gamma-min", "10", "--gamma-max", "1", "--output", str(tmp_path / "out")]) == 2
     assert "--gamma-min" in capsys.readouterr().err
+    assert main(["--reg-m", "0", "-0.45", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--reg-m" in err and len(err.strip().splitlines()) == 1
     assert main(["--features", "x.parquet", "--epochs", "lots", "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "optim.epochs" in err and len(err.strip().splitlines()) == 1

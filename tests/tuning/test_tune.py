@@ -42,6 +42,19 @@ def test_a_bad_range_is_refused_naming_the_flag(space, flag):
         space.tune_space()
 
 
+def test_the_size_relaxation_is_searched_when_asked_and_the_uniform_candidate_is_tried_with_each_value():
+    params, points = SearchSpace(reg_m=(0.0, 0.45)).tune_space()
+    assert sorted(params["reg_m"].categories) == [0.0, 0.45]
+    assert points == [{"gamma": UNIFORM, "alpha": 1.0, "reg_m": 0.0}, {"gamma": UNIFORM, "alpha": 1.0, "reg_m": 0.45}]
+    plain, _ = SearchSpace().tune_space()
+    assert "reg_m" not in plain  # not searched: the base config's reg_m
+    with pytest.raises(ConfigError, match="--reg-m"):
+        SearchSpace(reg_m=(0.0, -0.1)).tune_space()
+    relaxed = apply_trial_params(Config(), UNIFORM, 1.0, reg_m=0.45)
+    assert (relaxed.labeler.prior, relaxed.labeler.reg_m) == ("uniform", 0.45)
+    assert apply_trial_params(Config(), 12.5, 0.5).labeler.reg_m == Config().labeler.reg_m
+
+
 def test_trial_gamma_keeps_gamma_per_novel_cluster():
     assert trial_gamma(500.0, 4, 20, transfer=True) == pytest.approx(100.0)
     assert trial_gamma(500.0, 4, 20, transfer=False) == 500.0
