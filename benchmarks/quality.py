@@ -592,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     "default: the first, synthetic + openclipart)")
     parser.add_argument("--select", action="store_true",
                         help="run (or read) each dataset's known-class rehearsal, cached as select-<dataset>.json")
-    parser.add_argument("--select-setting", nargs="+", default=[], choices=sorted({*SETTING_REHEARSALS, *EDIT_REHEARSALS}),
+    parser.add_argument("--select-setting", nargs="+", default=[],
+                        choices=sorted({*SETTING_REHEARSALS, *EDIT_REHEARSALS}),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
                              "(labeler.momentum 0.99 or 0.9), epochs (optim.epochs 10 or 20), mixup "

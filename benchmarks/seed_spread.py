@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             for variant in args.variants:
                 z = cluster_sizes(list(kept[variant].values()), num_novel)
                 if z is not None:
-                    print(f"| {variant} | {z['seeds']} | {z['empty']:.1f} ({z['empty_min']:.0f}–{z['empty_max']:.0f}) | "
-                          f"{z['ratio']:.0f} ({z['ratio_min']:.0f}–{z['ratio_max']:.0f}) |")
+                    print(f"| {variant} | {z['seeds']} | {z['empty']:.1f} ({z['empty_min']:.0f}–"
+                          f"{z['empty_max']:.0f}) | {z['ratio']:.0f} ({z['ratio_min']:.0f}–{z['ratio_max']:.0f}) |")
             print()
         if args.gap:
             first, second = (kept[v] for v in args.gap)
