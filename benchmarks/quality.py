@@ -74,7 +74,8 @@ import torch
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service.config import Config
 from ncdlr.service.local import evaluate, known_imbalance, train
-from ncdlr.service.rehearsal import UNIFORM, apply_gamma, choose_candidate, select_edits, select_gamma
+from ncdlr.service.rehearsal import (UNIFORM, apply_gamma, choose_candidate, one_key_edits, select_edits,
+                                     select_gamma)
 
 #: ``labeler.reg_m`` of the relaxed variants: 9ε at ε = 0.05 (column updates raised to κ = 0.9); tried first at 1ε
 #: (κ = 0.5), where every novel row fell into one cluster (Fashion-MNIST-LT p0, 5 seeds: docs/results.md session 21)
@@ -440,7 +441,7 @@ def rehearsal_candidates(what: str) -> tuple[str, dict[object, dict[str, object]
         edits = EDIT_REHEARSALS[what]
         return what, edits, next(iter(edits))
     key, values, default = SETTING_REHEARSALS[what]
-    return key, {value: {key: value} for value in values}, default
+    return key, one_key_edits(key, values), default
 
 
 def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str) -> dict:

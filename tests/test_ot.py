@@ -144,14 +144,16 @@ def test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_
         plan = ot.sinkhorn(np.full(n, 1 / n), w, -s, eps, numItermax=100000, stopThr=1e-13)
         return float((plan * -s).sum() + eps * (plan * np.log(plan)).sum()), plan
 
-    def outer(theta: np.ndarray) -> float:
+    def simplex(theta: np.ndarray) -> np.ndarray:
         w = np.exp(theta - theta.max())
-        w /= w.sum()
+        return w / w.sum()
+
+    def outer(theta: np.ndarray) -> float:
+        w = simplex(theta)
         return inner(w)[0] + rho * float((w * np.log(w / uniform)).sum())
 
-    found = minimize(outer, np.zeros(k), method="Nelder-Mead", options={"xatol": 1e-9, "fatol": 1e-13, "maxiter": 20000})
-    w_star = np.exp(found.x - found.x.max())
-    w_star /= w_star.sum()
+    options = {"xatol": 1e-9, "fatol": 1e-13, "maxiter": 20000}
+    w_star = simplex(minimize(outer, np.zeros(k), method="Nelder-Mead", options=options).x)
     relaxed = sinkhorn(scores.double(), torch.full((k,), 1 / k, dtype=torch.float64), eps, 5000, reg_m=rho) / n
     np.testing.assert_allclose(relaxed.sum(0).numpy(), w_star, atol=1e-4)
     np.testing.assert_allclose(relaxed.numpy(), inner(w_star)[1], atol=1e-4)

@@ -126,8 +126,13 @@ def select_setting(cfg: Config, splits: FeatureSplits, key: str, values: Sequenc
     errors (:func:`choose_candidate`); hence at least two draws. Returns ``(value, {value: mean score})``;
     ``per_draw`` is filled with ``{value: [score of each draw]}`` when given. :func:`select_edits` with one key.
     """
-    return select_edits(cfg, splits, {value: {key: value} for value in values}, default, draws,
-                        pseudo_novel_fraction, per_draw, margin_se)
+    return select_edits(cfg, splits, one_key_edits(key, values), default, draws, pseudo_novel_fraction, per_draw,
+                        margin_se)
+
+
+def one_key_edits(key: str, values: Sequence) -> dict[object, dict[str, object]]:
+    """The candidates of :func:`select_edits` that set one config ``key`` to each of ``values``, named by the value."""
+    return {value: {key: value} for value in values}
 
 
 def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Mapping[str, object]], default,
@@ -141,22 +146,22 @@ def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashabl
     standard errors (:func:`choose_candidate`); hence at least two draws. Returns ``(name, {name: mean score})``;
     ``per_draw`` is filled with ``{name: [score of each draw]}`` when given.
     """
-    for edits in candidates.values():
-        for key in edits:
-            section, _, name = key.partition(".")
+    fields = {}  # candidate → [(section, field, value)], each key parsed and checked once
+    for candidate, edits in candidates.items():
+        fields[candidate] = [(*key.split(".", 1), value) for key, value in edits.items()]
+        for key, (section, name, _) in zip(edits, fields[candidate]):
             if not hasattr(getattr(cfg, section, None), name):
                 raise ValueError(f"unknown config key {key!r}")
     if default not in candidates or draws < 2:
         raise ValueError(f"need the default among the candidates and at least 2 draws; got {default!r} in "
                          f"{list(candidates)}, draws={draws}")
 
-    def edit(trial: Config, _ku: int, edits: Mapping[str, object]) -> None:
-        for key, value in edits.items():
-            section, _, name = key.partition(".")
+    def edit(trial: Config, _ku: int, changes: list[tuple[str, str, object]]) -> None:
+        for section, name, value in changes:
             setattr(getattr(trial, section), name, value)
 
-    by_draw = rehearse(cfg, splits, {name: (lambda trial, ku, edits=edits: edit(trial, ku, edits))
-                                     for name, edits in candidates.items()}, draws, pseudo_novel_fraction)
+    by_draw = rehearse(cfg, splits, {candidate: (lambda trial, ku, changes=changes: edit(trial, ku, changes))
+                                     for candidate, changes in fields.items()}, draws, pseudo_novel_fraction)
     if per_draw is not None:
         per_draw.update(by_draw)
     return choose_candidate(by_draw, default, margin_se), {v: float(np.mean(s)) for v, s in by_draw.items()}

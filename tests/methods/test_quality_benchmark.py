@@ -131,8 +131,9 @@ def test_the_sizes_rehearsal_reads_its_choice_among_named_edits_from_the_draws(t
     key, candidates, default = quality.rehearsal_candidates("sizes")
     assert key == "sizes" and default == "held" and candidates["held"] == {}
     assert candidates["uniform-relaxed"] == {"labeler.prior": "uniform", "labeler.reg_m": quality.RELAX_REG_M}
+    relax = quality.RELAX_REG_M
     assert quality.rehearsal_candidates("relax") == ("labeler.reg_m", {0.0: {"labeler.reg_m": 0.0},
-                                                                      quality.RELAX_REG_M: {"labeler.reg_m": quality.RELAX_REG_M}}, 0.0)
+                                                                      relax: {"labeler.reg_m": relax}}, 0.0)
     path = tmp_path / "select-sizes-synthetic-e2.json"
     clear = {"held": [0.3, 0.4, 0.35], "relaxed": [0.31, 0.39, 0.37], "uniform-relaxed": [0.4, 0.5, 0.46]}
     path.write_text(json.dumps({"dataset": "synthetic", "key": "sizes", "per_draw": clear, "draws": 3}))
