@@ -41,7 +41,9 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-mix and uno-mix (optim.mixup = 1: mixup across the images of a batch, λ ~ Beta(1, 1)); ncdlr-avg and
   uno-avg (optim.average_epochs = 2: evaluate a moving average of the weights, horizon 2 epochs); ncdlr-relax,
   ncdlr-uniform-relax and uno-relax (labeler.reg_m = 0.45: cluster sizes relaxed, semi-relaxed OT);
-  ncdlr-uniform-relax015 and ncdlr-uniform-relax135 (the uniform prior with reg_m 0.15 and 1.35).
+  ncdlr-uniform-relax015 and ncdlr-uniform-relax135 (the uniform prior with reg_m 0.15 and 1.35);
+  ncdlr-uniform-relax-floor and ncdlr-uniform-relax015-floor (the same at 0.45 and 0.15 with
+  labeler.size_floor = known: no cluster below the rarest known class's share of the novel rows).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
@@ -73,7 +75,8 @@ import torch
 
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service.config import Config
-from ncdlr.service.local import evaluate, known_imbalance, train
+from ncdlr.service.local import evaluate, train
+from ncdlr.service.num_novel import fill_from_known
 from ncdlr.service.rehearsal import (UNIFORM, apply_gamma, choose_candidate, one_key_edits, select_edits,
                                      select_gamma)
 
@@ -146,6 +149,9 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # result depends on ρ, a third and three times 0.45 (κ = 0.75 and 0.96)
     "ncdlr-uniform-relax015": {"labeler": {"prior": "uniform", "reg_m": 0.15}},
     "ncdlr-uniform-relax135": {"labeler": {"prior": "uniform", "reg_m": 1.35}},
+    # the same with no cluster below the rarest known class's share of the novel rows (labeler.size_floor = known)
+    "ncdlr-uniform-relax-floor": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "size_floor": "known"}},
+    "ncdlr-uniform-relax015-floor": {"labeler": {"prior": "uniform", "reg_m": 0.15, "size_floor": "known"}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
@@ -252,8 +258,7 @@ def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits,
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
     cfg.run.seed = cfg.model.prototype_seed = seed
-    if cfg.labeler.prior in ("bounded", "anchored"):
-        cfg.labeler.max_imbalance = known_imbalance(splits)
+    fill_from_known(cfg, splits.train_counts(), splits.num_known, splits.features["novel"].shape[0])  # the run's own
     return cfg
 
 
@@ -444,24 +449,29 @@ def rehearsal_candidates(what: str) -> tuple[str, dict[object, dict[str, object]
     return key, one_key_edits(key, values), default
 
 
-def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str) -> dict:
+def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str,
+                      draws: int = SELECT_DRAWS) -> dict:
     """The dataset's known-class rehearsal of ``--select-setting what`` (:func:`rehearsal_candidates`; the dataset's
-    config, seed 0, :data:`SELECT_DRAWS` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as
-    select-<what>-<dataset>.json; the choice (under :func:`choice_field`, e.g. ``known_warmup_epochs``) is derived
-    again from the per-draw scores on every read (:func:`choose_candidate`)."""
+    config, seed 0, ``draws`` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as
+    select-<what>-<dataset>.json; a cache of fewer draws is extended by the missing ones (draw ``d`` is the same
+    validation problem whenever it runs), one of more is read for its first ``draws``. The choice (under
+    :func:`choice_field`, e.g. ``known_warmup_epochs``) is derived again from the per-draw scores on every read
+    (:func:`choose_candidate`)."""
     key, candidates, default = rehearsal_candidates(what)
     path = selection_path(root, dataset, epochs, what)
-    if not path.is_file():
+    cached = json.loads(path.read_text()) if path.is_file() else {"per_draw": {}, "draws": 0, "seconds": 0.0}
+    if cached["draws"] < draws:
         start, per_draw = time.perf_counter(), {}
-        select_edits(dataset_config(dataset, epochs), splits, candidates, default, draws=SELECT_DRAWS,
-                     pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw)
-        path.write_text(json.dumps({"dataset": dataset, "key": key, "per_draw": {str(k): v for k, v in per_draw.items()},
-                                    "draws": SELECT_DRAWS, "pseudo_novel_fraction": SELECT_FRACTION,
-                                    "seconds": time.perf_counter() - start}))
+        select_edits(dataset_config(dataset, epochs), splits, candidates, default, draws=draws - cached["draws"],
+                     pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw, first_draw=cached["draws"])
+        scores = {str(k): cached["per_draw"].get(str(k), []) + v for k, v in per_draw.items()}
+        path.write_text(json.dumps({"dataset": dataset, "key": key, "per_draw": scores, "draws": draws,
+                                    "pseudo_novel_fraction": SELECT_FRACTION,
+                                    "seconds": cached["seconds"] + time.perf_counter() - start}))
     chosen = json.loads(path.read_text())
     by_name = {str(candidate): candidate for candidate in candidates}
-    per_draw = {by_name[k]: v for k, v in chosen["per_draw"].items()}
-    chosen.update({choice_field(what): choose_candidate(per_draw, default)},
+    per_draw = {by_name[k]: v[:draws] for k, v in chosen["per_draw"].items()}
+    chosen.update({choice_field(what): choose_candidate(per_draw, default)}, draws=draws, per_draw=per_draw,
                   scores={k: float(np.mean(v)) for k, v in per_draw.items()})
     return chosen
 
@@ -601,6 +611,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(optim.mixup 0 or 1), average (optim.average_epochs 0 or 2), relax (labeler.reg_m 0 or "
                              "0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
+    parser.add_argument("--select-draws", type=int, default=SELECT_DRAWS,
+                        help=f"validation draws of each --select-setting rehearsal (default {SELECT_DRAWS}); a cached "
+                             "rehearsal of fewer draws is extended by the missing ones, not run again")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     parser.add_argument("--holdout-view", action="store_true",
@@ -647,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         for what in settings if not args.render_only and args.shard is None else ():
             key = rehearsal_candidates(what)[0]
             done = setting_selection(args.results, dataset, fixed if fixed is not None else synthetic_splits(0),
-                                     args.epochs, what)
+                                     args.epochs, what, args.select_draws)
             print(f"[{dataset}] {what} rehearsal: {key} = {done[choice_field(what)]} "
                   f"(per draw: {done['per_draw']}; {done['seconds']:.0f} s)", flush=True)
         for seed in range(args.seeds):

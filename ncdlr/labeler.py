@@ -44,7 +44,10 @@ class AdaptiveSelfLabeler(nn.Module):
     keeps ``Yᵀ1 = w``. With ``prior="uniform"`` and ``reg_m = ρ`` one solve is the *exact* solution of the paper's
     relaxed OT problem (eq. 3–4: ``min over Y, w of ⟨Y, -S⟩ + ρ KL(w ‖ ν)`` s.t. ``Yᵀ1 = w``, ``w`` free; ρ in the
     role of γ/Ku), which the parametric ``w(τ)`` and its ``L`` optimiser steps approximate (tests/test_ot.py,
-    ``test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_with_w_free``). The learned
+    ``test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_with_w_free``). ``size_bounds =
+    (low, high)`` (relaxed sizes and a prior that does not learn) keeps each cluster's share of a solve in
+    ``[low, high]`` (:func:`ncdlr.ot.sinkhorn`; ``labeler.size_floor`` is ``low``): the relaxation may follow the
+    scores, but no cluster shrinks below the floor. The learned
     parameter and its SGD state persist across calls and are part of ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
     gathered problem stay in lock-step.
     """
@@ -64,6 +67,7 @@ class AdaptiveSelfLabeler(nn.Module):
         fixed_prior: Tensor | None = None,
         max_imbalance: float | None = None,
         reg_m: float = 0.0,
+        size_bounds: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
         if num_clusters < 1:
@@ -76,6 +80,10 @@ class AdaptiveSelfLabeler(nn.Module):
         self.eps = eps
         size_exponent(reg_m, eps)  # refuses a negative reg_m
         self.reg_m = reg_m
+        if size_bounds is not None and (reg_m == 0 or self.prior.learns):
+            raise ValueError(f"size bounds hold relaxed sizes under a prior that does not learn: they need reg_m > 0 "
+                             f"and prior uniform or fixed, got reg_m={reg_m}, prior={prior!r}")
+        self.size_bounds = size_bounds
         self.n_iters = n_iters
         self.outer_steps = outer_steps
         self.gamma = gamma
@@ -90,10 +98,26 @@ class AdaptiveSelfLabeler(nn.Module):
     @classmethod
     def from_config(cls, cfg: LabelerConfig, num_clusters: int, fixed_prior: Tensor | None = None) -> AdaptiveSelfLabeler:
         """The labeler of a run's ``labeler`` config section for ``K = num_clusters`` (``fixed_prior`` ``[K]``: the
-        true sizes, for ``prior="fixed"`` only; ``max_imbalance = 0`` means none)."""
+        true sizes, for ``prior="fixed"`` only; ``max_imbalance = 0`` means none; ``size_floor`` resolved to a share)."""
         return cls(num_clusters, prior=cfg.prior, eps=cfg.eps, n_iters=cfg.n_iters, outer_steps=cfg.outer_steps,
                    gamma=cfg.gamma_for(num_clusters), lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
-                   max_imbalance=cfg.max_imbalance or None, reg_m=cfg.reg_m)
+                   max_imbalance=cfg.max_imbalance or None, reg_m=cfg.reg_m,
+                   size_bounds=cls.bounds_for(cfg, num_clusters))
+
+    @staticmethod
+    def bounds_for(cfg: LabelerConfig, num_clusters: int) -> tuple[float, float] | None:
+        """The size bounds ``(low, 1)`` of ``cfg.size_floor`` (a share, resolved) for ``K = num_clusters``, or None for
+        ``"none"``; a floor above ``1/K`` is lowered to it (every cluster then holds ``1/K``)."""
+        if cfg.size_floor == "none":
+            return None
+        try:
+            floor = float(cfg.size_floor)
+        except ValueError:
+            raise ValueError(f"labeler.size_floor={cfg.size_floor!r} is not resolved to a share (the trainer fills "
+                             f"'known' from the data)") from None
+        if not 0 < floor <= 1:
+            raise ValueError(f"labeler.size_floor must be a share in (0, 1], got {floor}")
+        return min(floor, 1.0 / num_clusters), 1.0
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -132,7 +156,7 @@ class AdaptiveSelfLabeler(nn.Module):
     def objective(self, kernel: ScaledKernel, col_marginal: Tensor) -> tuple[Tensor, Tensor]:
         """``F(w)`` (0-d) for the prepared kernel and the marginal ``w [K]`` in cluster order; also returns the
         column potential ``ṽ [K]``. Differentiable in ``w``."""
-        v = kernel.column_scaling(col_marginal, self.n_iters, self.kappa)
+        v = kernel.column_scaling(col_marginal, self.n_iters, self.kappa, self.size_bounds)
         divergence = self.prior.divergence(col_marginal)
         value = -kernel.transport_gain(v) + self.gamma * divergence / self.num_clusters
         return value, v

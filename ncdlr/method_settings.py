@@ -32,7 +32,8 @@ class LabelerConfig:
     buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
     use_buffer: bool = True  #: off → solve on the current gathered batch only
     reg_m: float = 0.0  #: ρ ≥ 0; > 0 relaxes the transport's column marginal too (semi-relaxed OT, POT's reg_m): cluster sizes are pulled towards w by ρ·KL(Yᵀ1‖w) instead of held at w; 0 = held (the paper's). Compare with ε: each Sinkhorn column update is raised to ρ/(ρ+ε)
-    max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); e.g. the known classes' n_max/n_min
+    max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); 0: the known classes' training n_max/n_min, filled in by the trainer for those priors
+    size_floor: str = "none"  #: with reg_m > 0 and prior uniform (or fixed): the smallest share of a solve's rows a cluster keeps — "none" | "known" (the rarest known class's training count over the novel training rows, filled in by the trainer: no novel cluster shrinks below the rarest labelled class) | a share in (0, 1/Ku], e.g. "0.005"
 
     def gamma_for(self, num_clusters: int) -> float:
         """The γ a labeler of ``Ku = num_clusters`` uses: ``gamma_per_cluster · Ku`` when that is set, else ``gamma``."""

@@ -28,7 +28,34 @@ def size_exponent(reg_m: float, eps: float) -> float:
     return 1.0 if reg_m == 0 else reg_m / (reg_m + eps)
 
 
-def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg_m: float = 0.0) -> Tensor:
+def capped_shares(sizes: Tensor, low: float, high: float, n_bisect: int = 60) -> Tensor:
+    """The shares ``p [K]`` closest to ``sizes [K]`` (≥ 0, any scale) in KL with ``Σ p = 1`` and ``low ≤ p ≤ high``:
+    ``p = clip(λ · sizes, low, high)`` with the one ``λ > 0`` that makes them sum to 1 (found by bisection on ``log λ``
+    without a host sync, then solved exactly on the bracketed piece). Needs ``K·low ≤ 1 ≤ K·high``."""
+    k = sizes.numel()
+    if not (0 <= low and k * low <= 1 + 1e-9 and k * high >= 1 - 1e-9 and low <= high):
+        raise ValueError(f"size bounds [{low}, {high}] cannot hold shares of {k} clusters (need K·low ≤ 1 ≤ K·high)")
+    q = sizes.double()
+    q = q / q.sum()
+    tiny = torch.finfo(torch.float64).tiny
+    log_q = torch.log(q.clamp_min(tiny))
+    lo = math.log(max(low, tiny)) - log_q.max()  # λ = e^lo puts every share at or below ``low``: the sum ≤ 1
+    hi = math.log(high) - log_q.min()  # every share at or above ``high``: the sum ≥ 1
+    for _ in range(n_bisect):
+        mid = (lo + hi) / 2
+        short = (torch.exp(mid + log_q).clamp(low, high).sum() < 1)
+        lo, hi = torch.where(short, mid, lo), torch.where(short, hi, mid)
+    scaled = torch.exp(hi + log_q)
+    at_low, at_high = scaled <= low, scaled >= high
+    free = ~(at_low | at_high)
+    rest = 1 - low * at_low.sum() - high * at_high.sum()
+    exact = rest / torch.where(free, q, 0).sum().clamp_min(tiny)  # λ on the piece where the free shares are linear
+    lam = torch.where(free.any(), exact, torch.exp(hi))
+    return (lam * q).clamp(low, high).to(sizes.dtype)
+
+
+def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg_m: float = 0.0,
+             bounds: tuple[float, float] | None = None) -> Tensor:
     """Truncated entropic OT between a uniform row marginal and ``col_marginal``, in the log domain.
 
     Solves ``min_Y ⟨Y, -S⟩ - ε H(Y)`` s.t. ``Y 1 = 1/N``, ``Yᵀ 1 = w`` with ``n_iters`` Sinkhorn-Knopp
@@ -47,6 +74,10 @@ def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg
             towards what the scores ask for, and each column update becomes ``v ← (w / Kᵀu)^κ``,
             ``κ = ρ / (ρ + ε)`` (:func:`size_exponent`). 0 (the default) keeps ``Yᵀ1 = w``. With ``w`` uniform
             this is the paper's relaxed OT with the sizes ``w`` free and ``ρ KL(w ‖ ν)`` as their penalty.
+        bounds: ``(low, high)`` or None; with ``reg_m > 0``, the relaxed sizes are held to shares in ``[low, high]``
+            (the labeler's ``labeler.size_floor`` is ``low``): each column update projects the sizes it would set onto them
+            (:func:`capped_shares`). At convergence that is the semi-relaxed problem with the constraint
+            ``low ≤ Yᵀ1 ≤ high`` added (the projection's ``λ`` is absorbed by the row potentials).
 
     Returns:
         ``[N, K]`` soft assignments, rows sum to 1; equals
@@ -60,15 +91,26 @@ def sinkhorn(scores: Tensor, col_marginal: Tensor, eps: float, n_iters: int, reg
         raise ValueError(f"need n_iters >= 1 and eps > 0, got {n_iters}, {eps}")
     n = scores.shape[0]
     kappa = size_exponent(reg_m, eps)
+    _check_bounds(bounds, kappa)
     log_k = scores / eps
     log_a = -math.log(n)
     log_b = torch.log(col_marginal)
     log_u = torch.full((n,), log_a, dtype=scores.dtype, device=scores.device)
     for _ in range(n_iters):
-        log_v = kappa * (log_b - torch.logsumexp(log_k + log_u[:, None], dim=0))
+        log_z = torch.logsumexp(log_k + log_u[:, None], dim=0)
+        log_v = kappa * (log_b - log_z)
+        if bounds is not None:  # the sizes this update sets are v ⊙ z: project their shares, keep their total
+            log_sizes = log_v + log_z
+            total = torch.logsumexp(log_sizes, dim=0)
+            log_v = torch.log(capped_shares(torch.exp(log_sizes - total), *bounds)) + total - log_z
         log_u = log_a - torch.logsumexp(log_k + log_v[None, :], dim=1)
     # The last update normalised the rows, so the row-rescaled plan is a row softmax.
     return torch.softmax(log_k + log_v[None, :], dim=1)
+
+
+def _check_bounds(bounds: tuple[float, float] | None, kappa: float) -> None:
+    if bounds is not None and kappa == 1.0:
+        raise ValueError("size bounds hold relaxed sizes: they need reg_m > 0 (held sizes are w exactly)")
 
 
 @dataclass(frozen=True)
@@ -115,29 +157,41 @@ class ScaledKernel:
         torch.mul(kernel, scores, out=weighted)
         return cls(kernel, weighted, column_mass, col_max + torch.log(column_mass), stacked)
 
-    def column_scaling(self, col_marginal: Tensor, n_iters: int, kappa: float = 1.0) -> Tensor:
+    def column_scaling(self, col_marginal: Tensor, n_iters: int, kappa: float = 1.0,
+                       bounds: tuple[float, float] | None = None) -> Tensor:
         """Rescaled column potential ``ṽ [K]`` after ``T`` column updates for the marginal ``w [K]``
-        (differentiable in ``w``); ``kappa`` < 1 relaxes the marginal (:func:`size_exponent`, :meth:`column_update`).
+        (differentiable in ``w``); ``kappa`` < 1 relaxes the marginal (:func:`size_exponent`, :meth:`column_update`),
+        ``bounds`` hold the relaxed sizes' shares (:func:`sinkhorn`).
 
         POT's ``T`` iterations end with a row update; that one only normalises the rows, which
         :meth:`rows` and :meth:`transport_gain` do anyway, so ``T`` column and ``T - 1`` row updates
         (``2T - 2`` matvecs) give the same plan.
         """
         n = self.kernel.shape[0]
-        update = self.column_update(col_marginal, kappa)
+        update = self.column_update(col_marginal, kappa, bounds)
         v = update(self.column_mass)  # the first update from a uniform u, in closed form
         for _ in range(n_iters - 1):
             u = (1.0 / n) / (self.kernel @ v)
             v = update(self.kernel.T @ u)
         return v
 
-    def column_update(self, col_marginal: Tensor, kappa: float = 1.0) -> Callable[[Tensor], Tensor]:
+    def column_update(self, col_marginal: Tensor, kappa: float = 1.0,
+                      bounds: tuple[float, float] | None = None) -> Callable[[Tensor], Tensor]:
         """The column update ``Kᵀu [K] → ṽ [K]`` for the marginal ``w``: ``w / Kᵀu``, or relaxed (``κ < 1``)
-        ``b ⊙ (w / Kᵀu)^κ`` with ``b`` = :meth:`relaxed_base`."""
+        ``b ⊙ (w / Kᵀu)^κ`` with ``b`` = :meth:`relaxed_base`; with ``bounds``, the sizes that sets (``ṽ ⊙ Kᵀu``, true
+        up to one factor, as the rescaling leaves them) are projected onto the bounded shares
+        (:func:`capped_shares`), their total kept."""
+        _check_bounds(bounds, kappa)
         if kappa == 1.0:
             return lambda denominator: col_marginal / denominator
         base = self.relaxed_base(kappa)
-        return lambda denominator: base * (col_marginal / denominator) ** kappa
+        if bounds is None:
+            return lambda denominator: base * (col_marginal / denominator) ** kappa
+
+        def bounded(denominator: Tensor) -> Tensor:
+            sizes = base * (col_marginal / denominator) ** kappa * denominator
+            return capped_shares(sizes, *bounds) * sizes.sum() / denominator
+        return bounded
 
     def relaxed_base(self, kappa: float) -> Tensor:
         """``[K]`` factor ``exp((1 - κ)(m_k - max m))`` of a relaxed column update in the rescaled kernel.

@@ -160,6 +160,8 @@ def test_identical_inputs_give_identical_labels_and_tau():
         ({"prior": "fixed"}, "fixed_prior"),
         ({"prior": "fixed", "fixed_prior": torch.ones(3)}, "fixed_prior"),
         ({"reg_m": -0.1}, "reg_m >= 0"),
+        ({"prior": "uniform", "size_bounds": (0.01, 0.2)}, "need reg_m > 0"),
+        ({"reg_m": 0.45, "size_bounds": (0.01, 0.2)}, "prior uniform or fixed"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(kwargs, message):
@@ -178,12 +180,19 @@ def test_from_config_takes_every_labeler_field_of_the_config():
              "max_imbalance": float(labeler.prior.anchor[0] / labeler.prior.anchor[-1]) == pytest.approx(12.0),
              "reg_m": labeler.reg_m == 0.2 and labeler.kappa == pytest.approx(0.2 / 0.22),
              "gamma_per_cluster": AdaptiveSelfLabeler.from_config(
-                 LabelerConfig(gamma=3.0, gamma_per_cluster=0.25), 20).gamma == 5.0}  # 0.25 · Ku, over gamma
+                 LabelerConfig(gamma=3.0, gamma_per_cluster=0.25), 20).gamma == 5.0,  # 0.25 · Ku, over gamma
+             "size_floor": AdaptiveSelfLabeler.from_config(
+                 LabelerConfig(prior="uniform", reg_m=0.2, size_floor="0.01"), 20).size_bounds == (0.01, 1.0)
+             and labeler.size_bounds is None}
     assert all(taken.values()), taken
     labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer"}  # the discovery step's
     assert set(taken) == labeler_fields
     assert AdaptiveSelfLabeler.from_config(LabelerConfig(), 20).prior.kind == "adaptive"  # max_imbalance 0 = none
     sizes = torch.arange(1.0, 21.0)
+    uniform_floor = AdaptiveSelfLabeler.from_config(LabelerConfig(prior="uniform", reg_m=0.2, size_floor="0.3"), 20)
+    assert uniform_floor.size_bounds == (1 / 20, 1.0)  # a floor above 1/K is lowered to it
+    with pytest.raises(ValueError, match="size_floor='known' is not resolved"):
+        AdaptiveSelfLabeler.from_config(LabelerConfig(prior="uniform", reg_m=0.2, size_floor="known"), 20)
     fixed = AdaptiveSelfLabeler.from_config(LabelerConfig(prior="fixed"), 20, fixed_prior=sizes)
     assert fixed.imbalance_factor == pytest.approx(20.0)
 

@@ -7,7 +7,7 @@ import ot
 import pytest
 import torch
 
-from ncdlr.ot import ScaledKernel, sinkhorn, size_exponent
+from ncdlr.ot import ScaledKernel, capped_shares, sinkhorn, size_exponent
 
 
 def _problem(seed: int, n: int = 40, k: int = 9, dtype=torch.float64):
@@ -158,3 +158,64 @@ def test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_
     np.testing.assert_allclose(relaxed.sum(0).numpy(), w_star, atol=1e-4)
     np.testing.assert_allclose(relaxed.numpy(), inner(w_star)[1], atol=1e-4)
     assert w_star[0] > 1.2 / k  # the sizes followed the scores, away from ν (0.33 against 0.25)
+
+
+def test_capped_shares_is_the_kl_projection_onto_the_bounded_simplex():
+    """``clip(λ q, low, high)`` summing to 1: shares inside the bounds keep their ratios, the rest sit on a bound;
+    shares already inside come back unchanged, whatever the scale of the sizes."""
+    sizes = torch.tensor([70.0, 20.0, 9.0, 1.0])
+    p = capped_shares(sizes, 0.05, 0.6)
+    torch.testing.assert_close(p, torch.tensor([0.6, 0.35 * 20 / 29, 0.35 * 9 / 29, 0.05]))
+    torch.testing.assert_close(capped_shares(sizes, 0.0, 1.0), sizes / 100)
+    torch.testing.assert_close(capped_shares(torch.tensor([1e-30, 1.0, 1.0]), 0.1, 1.0), torch.tensor([0.1, 0.45, 0.45]))
+    with pytest.raises(ValueError, match="cannot hold shares of 4 clusters"):
+        capped_shares(sizes, 0.3, 0.9)  # four shares of at least 0.3 cannot sum to 1
+
+
+def test_bounded_relaxed_sizes_solve_the_relaxed_ot_with_the_sizes_held_in_their_bounds():
+    """``bounds``: the relaxed problem of the test above with ``low ≤ Yᵀ1 ≤ high`` added. Without bounds the sizes
+    leave them on both sides; with them the solver holds the favoured cluster at ``high`` and the starved one at
+    ``low``, and the rest is the optimum on that face (scipy's bounded scalar minimisation, POT's balanced Sinkhorn
+    inside), which no other feasible size vector beats (the problem is convex). The truncated solves of the
+    log-domain and rescaled-kernel solvers agree step for step."""
+    from scipy.optimize import minimize_scalar
+
+    scores, _ = _problem(13, n=12, k=4)
+    scores[:7, 0] += 0.4  # most rows favour cluster 0 ...
+    scores[:, 3] -= 0.3  # ... and none cluster 3
+    s, n, k, eps, rho, low, high = scores.double().numpy(), 12, 4, 0.2, 0.5, 0.2, 0.3
+
+    def objective(w: np.ndarray) -> float:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            plan = ot.sinkhorn(np.full(n, 1 / n), w, -s, eps, numItermax=20000, stopThr=1e-12)
+        return float((plan * -s).sum() + eps * (plan * np.log(plan)).sum() + rho * (w * np.log(w * k)).sum())
+
+    marginal = torch.full((k,), 1 / k, dtype=torch.float64)
+    free = sinkhorn(scores.double(), marginal, eps, 5000, reg_m=rho).mean(0)  # the test above: the unbounded optimum
+    assert free[0] > high + 0.04 and free[3] < low - 0.04  # (0.35 and 0.155): without bounds both leave them
+    bounded = sinkhorn(scores.double(), marginal, eps, 5000, reg_m=rho, bounds=(low, high)).mean(0).numpy()
+    assert bounded[0] == pytest.approx(high, abs=1e-6) and bounded[3] == pytest.approx(low, abs=1e-6)
+
+    def on_face(w1: float) -> np.ndarray:
+        return np.array([high, w1, 1 - high - low - w1, low])
+
+    face = minimize_scalar(lambda w1: objective(on_face(w1)), bounds=(low, high), method="bounded",
+                           options={"xatol": 1e-9})
+    np.testing.assert_allclose(bounded, on_face(face.x), atol=1e-5)
+    rng = np.random.default_rng(0)
+    others = [w for w in rng.dirichlet(np.full(k, 5.0), 4000) if ((w >= low) & (w <= high)).all()][:10]
+    assert len(others) == 10 and min(objective(w) for w in others) >= objective(bounded) - 1e-9
+    kernel = ScaledKernel.from_scores(scores.double(), eps)
+    for n_iters in (1, 3, 50):
+        fast = kernel.rows(kernel.column_scaling(marginal, n_iters, size_exponent(rho, eps), (low, high)))
+        torch.testing.assert_close(fast, sinkhorn(scores.double(), marginal, eps, n_iters, reg_m=rho,
+                                                  bounds=(low, high)), atol=1e-10, rtol=1e-8)
+
+
+def test_size_bounds_refuse_held_sizes():
+    scores, marginal = _problem(14, n=20, k=4)
+    with pytest.raises(ValueError, match="need reg_m > 0"):
+        sinkhorn(scores, marginal, 0.1, 3, bounds=(0.1, 0.5))
+    with pytest.raises(ValueError, match="need reg_m > 0"):
+        ScaledKernel.from_scores(scores, 0.1).column_scaling(marginal, 3, 1.0, (0.1, 0.5))

@@ -35,7 +35,8 @@ def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *
     """The :class:`Method` named by ``method.name`` for ``num_novel`` (Ku) clusters, with its labeler.
 
     ncdlr gets the adaptive labeler of ``labeler`` (``fixed_prior [Ku]``: the oracle sizes for ``prior=fixed``);
-    UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``, relaxed by ``labeler.reg_m`` when that is set);
+    UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``, relaxed by ``labeler.reg_m`` and floored by
+    ``labeler.size_floor`` when those are set);
     AutoNovel none. ``heads`` (``model.heads``) labelers for a model of that many heads (one per head; AutoNovel: one
     head only). Distributed parts are wired in afterwards with :meth:`Method.connect`.
     """
@@ -52,7 +53,8 @@ def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *
         return NCDLR(method, made[0], labeler.use_buffer, made[1:])
     if kind is UNO:
         made = [AdaptiveSelfLabeler(num_novel, prior="uniform", eps=labeler.eps, n_iters=labeler.n_iters,
-                                     reg_m=labeler.reg_m)
+                                     reg_m=labeler.reg_m,
+                                     size_bounds=AdaptiveSelfLabeler.bounds_for(labeler, num_novel))
                 for _ in range(heads)]
         return UNO(method, made[0], made[1:])
     if heads > 1:

@@ -16,6 +16,7 @@ given explicitly (YAML or command line), and an explicit contradiction is refuse
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -188,14 +189,25 @@ def _choices(key: str) -> tuple[str, ...] | None:
 
 
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
-                              "labeler.gamma_per_cluster": 0.0, "labeler.reg_m": 0.0,
+                              "labeler.gamma_per_cluster": 0.0, "labeler.reg_m": 0.0, "labeler.max_imbalance": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
                               "optim.average_epochs": 0.0, "model.heads": 1}  #: numeric keys with a lower bound
+
+
+def _as_share(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _check_choice(key: str, value: Any) -> None:
     if key in _MINIMUM and value < _MINIMUM[key]:
         raise ConfigError(f"config key {key!r}: must be >= {_MINIMUM[key]:g}, got {value!r}")
+    if key == "labeler.size_floor":
+        if value not in ("none", "known") and not 0 < _as_share(value) <= 1:
+            raise ConfigError(f"config key {key!r}: expected 'none', 'known' or a share in (0, 1], got {value!r}")
+        return
     if key == "model.num_novel":
         if value != "auto" and not (value.isdigit()):
             raise ConfigError(f"config key {key!r}: expected 'auto' or a non-negative integer "
@@ -276,6 +288,14 @@ def resolve(settings: list[Setting]) -> Config:
     if cfg.optim.known_warmup_epochs and cfg.optim.known_warmup_epochs >= cfg.optim.epochs:
         raise ConfigError(f"optim.known_warmup_epochs={cfg.optim.known_warmup_epochs:g} leaves none of the "
                           f"{cfg.optim.epochs} epochs (optim.epochs) for discovering the novel classes; lower it")
+    if 0 < cfg.labeler.max_imbalance <= 1:
+        raise ConfigError(f"labeler.max_imbalance={cfg.labeler.max_imbalance:g}: an imbalance (largest over smallest "
+                          f"size) is > 1, or 0 for the known classes' own")
+    if cfg.labeler.size_floor != "none" and (cfg.labeler.reg_m <= 0 or (cfg.labeler.prior not in ("uniform", "fixed")
+                                                                       and cfg.method.name != "uno")):
+        raise ConfigError(f"labeler.size_floor holds relaxed sizes under a prior that does not learn: it needs "
+                          f"labeler.reg_m > 0 and labeler.prior uniform (or fixed); got reg_m={cfg.labeler.reg_m:g}, "
+                          f"prior={cfg.labeler.prior!r}")
     if cfg.model.heads > 1 and cfg.method.name == "autonovel":
         raise ConfigError("model.heads > 1 needs a self-labeling method (ncdlr or uno); autonovel has one head")
     if cfg.model.heads > 1 and cfg.optim.mixup > 0:

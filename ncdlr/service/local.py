@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ncdlr.buffer import LocalBuffer
@@ -22,6 +21,7 @@ from ncdlr.methods import Method, buffer_width, build_method, posthoc_scores
 from ncdlr.metrics import cluster_accuracy
 
 from .config import Config
+from .num_novel import fill_from_known
 from .run_data import model_for_table
 
 
@@ -41,13 +41,6 @@ def oracle_prior(cfg: Config, splits: FeatureSplits) -> torch.Tensor | None:
     if cfg.labeler.prior != "fixed":
         return None
     return torch.tensor(splits.train_counts()[splits.num_known:], dtype=torch.float32)
-
-
-def known_imbalance(splits: FeatureSplits) -> float:
-    """``n_max / n_min`` over the known classes' training counts (observable; the bounded prior's τ_max)."""
-    counts = np.asarray(splits.train_counts()[: splits.num_known], dtype=float)
-    counts = counts[counts > 0]
-    return float(counts.max() / counts.min())
 
 
 def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device | str = "cpu",
@@ -76,6 +69,7 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
     torch.manual_seed(cfg.run.seed)
     cfg.model.encoder = "identity"  # the table's input: embeddings, or the cached encoder (model_for_table)
     model_for_table(cfg, splits)
+    fill_from_known(cfg, splits.train_counts(), splits.num_known, splits.features["novel"].shape[0])
     model = build_model(cfg.model, splits.num_known, splits.num_novel, image_size=cfg.data.image_size)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)
     state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits))

@@ -1,4 +1,6 @@
-"""How many novel clusters the model gets (``model.num_novel``) and the oracle counts of ``labeler.prior=fixed``.
+"""How many novel clusters the model gets (``model.num_novel``), the oracle counts of ``labeler.prior=fixed``, and the
+measures of the known classes that ``labeler.max_imbalance = 0`` and ``labeler.size_floor = known`` stand for
+(:func:`fill_from_known`).
 
 ``model.num_novel`` is ``"0"`` (the data's number of novel classes — the default), a positive integer ``N``
 (``N`` novel prototypes / clusters, whatever the data holds), or ``"auto"``: before training, the driver
@@ -60,6 +62,50 @@ def fixed_prior_counts(cfg, summary) -> torch.Tensor | None:
         raise ConfigError(f"labeler.prior=fixed: the data's training counts of its {summary.num_novel} novel classes "
                          f"are missing or all zero ({counts})")
     return torch.tensor(counts, dtype=torch.float32)
+
+
+def needs_max_imbalance(labeler) -> bool:
+    """Whether a ``labeler`` config section reads ``max_imbalance`` (priors ``bounded`` and ``anchored``)."""
+    return labeler.prior in ("bounded", "anchored")
+
+
+def known_imbalance(train_counts, num_known: int) -> float:
+    """``n_max / n_min`` over the known classes' training counts ``train_counts[:num_known]`` (observable without a
+    novel label; classes with no row are left out)."""
+    counts = _known_counts(train_counts, num_known, "labeler.max_imbalance=0")
+    return float(counts.max() / counts.min())
+
+
+def rarest_known_share(train_counts, num_known: int, novel_rows: int) -> float:
+    """The training count of the rarest known class over ``novel_rows`` (the novel pool's size, observable): the
+    share ``labeler.size_floor = "known"`` stands for."""
+    if novel_rows < 1:
+        raise ConfigError("labeler.size_floor=known: the data has no novel training rows")
+    return float(_known_counts(train_counts, num_known, "labeler.size_floor=known").min() / novel_rows)
+
+
+def _known_counts(train_counts, num_known: int, what: str) -> np.ndarray:
+    counts = np.asarray(list(train_counts)[:num_known], dtype=float)
+    counts = counts[counts > 0]
+    if counts.size == 0:
+        raise ConfigError(f"{what} stands for a measure of the known classes, but no known class has a training row; "
+                          f"set it to a number")
+    return counts
+
+
+def fill_from_known(cfg, train_counts, num_known: int, novel_rows: int) -> dict[str, object]:
+    """Resolve in ``cfg`` what stands for a measure of the known classes: ``labeler.max_imbalance = 0`` where the prior
+    reads it (their ``n_max / n_min``) and ``labeler.size_floor = "known"`` (the rarest one's share of the
+    ``novel_rows``). Returns ``{key: value filled in}``."""
+    filled: dict[str, object] = {}
+    if needs_max_imbalance(cfg.labeler) and not cfg.labeler.max_imbalance:
+        cfg.labeler.max_imbalance = filled["labeler.max_imbalance"] = known_imbalance(train_counts, num_known)
+    if cfg.labeler.size_floor == "known":
+        share = rarest_known_share(train_counts, num_known, novel_rows)
+        cfg.labeler.size_floor = filled["labeler.size_floor"] = f"{share:.6g}"
+    for key, value in filled.items():
+        log.info("%s from the known classes: %s", key, value)
+    return filled
 
 
 def _training_features(cfg, data, output: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:

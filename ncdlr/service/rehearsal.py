@@ -96,17 +96,19 @@ def select_gamma(cfg: Config, splits: FeatureSplits, gamma_per_cluster: tuple[fl
 
 
 def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Candidate], draws: int = 1,
-             pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction) -> dict[Hashable, list[float]]:
-    """Each candidate's pseudo-novel score on each validation draw: ``{key: [score of draw 0, draw 1, …]}``.
+             pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
+             first_draw: int = 0) -> dict[Hashable, list[float]]:
+    """Each candidate's pseudo-novel score on each validation draw: ``{key: [score of draw first_draw, the next, …]}``
+    (``draws`` of them; a later ``first_draw`` extends an earlier rehearsal with new draws).
 
     Draw ``d`` is the validation problem of seed ``run.seed + d`` (:func:`validation_splits`); every candidate
     trains on it from ``cfg`` scaled to its size (:func:`scaled_config`) and edited by ``candidates[key](trial,
     Ku')``, and is scored by :func:`rehearsal_score`. Cost: ``len(candidates) · draws`` trainings.
     """
-    if draws < 1:
-        raise ValueError(f"draws must be at least 1, got {draws}")
+    if draws < 1 or first_draw < 0:
+        raise ValueError(f"draws must be at least 1 and first_draw at least 0, got {draws}, {first_draw}")
     by_draw: dict[Hashable, list[float]] = {key: [] for key in candidates}
-    for draw in range(draws):
+    for draw in range(first_draw, first_draw + draws):
         validation, info = validation_splits(
             splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
         scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
@@ -137,8 +139,9 @@ def one_key_edits(key: str, values: Sequence) -> dict[object, dict[str, object]]
 
 def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Mapping[str, object]], default,
                  draws: int = 3, pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
-                 per_draw: dict | None = None, margin_se: float = 2.0) -> tuple[object, dict]:
-    """Which of several named config edits the known-class rehearsal supports.
+                 per_draw: dict | None = None, margin_se: float = 2.0, first_draw: int = 0) -> tuple[object, dict]:
+    """Which of several named config edits the known-class rehearsal supports (on ``draws`` validation draws from
+    ``first_draw``: :func:`rehearse`).
 
     ``candidates``: ``{name: {"section.key": value, …}}``, each applied to the trial configs of its trainings (an
     empty edit = ``cfg`` as it is), so a candidate may change several keys at once (e.g. the uniform prior *and*
@@ -161,7 +164,8 @@ def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashabl
             setattr(getattr(trial, section), name, value)
 
     by_draw = rehearse(cfg, splits, {candidate: (lambda trial, ku, changes=changes: edit(trial, ku, changes))
-                                     for candidate, changes in fields.items()}, draws, pseudo_novel_fraction)
+                                     for candidate, changes in fields.items()}, draws, pseudo_novel_fraction,
+                       first_draw)
     if per_draw is not None:
         per_draw.update(by_draw)
     return choose_candidate(by_draw, default, margin_se), {v: float(np.mean(s)) for v, s in by_draw.items()}

@@ -188,13 +188,15 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     before anything is written; then write ``config.yaml`` and resolve ``model.num_novel``."""
     from .entry import init_ray
     from .names import set_aside_names
-    from .num_novel import fixed_prior_counts, resolve_num_novel
+    from .num_novel import fill_from_known, fixed_prior_counts, resolve_num_novel
     from .preflight import check_cluster_storage, preflight
 
     data = load_training_data(cfg.data)
     if data.features is not None:
         model_for_table(cfg, data.features)
     preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint, shards
+    summary = data.summary
+    fill_from_known(cfg, summary.train_counts, summary.num_known, summary.novel_rows)  # e.g. size_floor=known, saved
     if cfg.model.num_novel != "auto":
         fixed_prior_counts(cfg, data.summary)  # prior=fixed with a Ku other than the data's: refused before Ray
     init_ray(cpus_needed=cfg.run.num_workers * cfg.run.cpus_per_worker + 2, verbose=cfg.run.verbose)

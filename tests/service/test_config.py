@@ -115,6 +115,21 @@ def test_reg_m_is_read_from_the_command_line_and_refuses_a_negative_weight():
         load_config(None, ["--reg-m", "-0.1"])
 
 
+def test_size_floor_needs_relaxed_sizes_under_a_prior_that_does_not_learn():
+    cfg = load_config(None, ["--labeler.prior", "uniform", "--reg-m", "0.45", "--labeler.size_floor", "known"])
+    assert cfg.labeler.size_floor == "known"  # the trainer fills in the share from the data
+    assert load_config(None, ["--labeler.prior", "uniform", "--reg-m", "0.45", "--labeler.size_floor", "0.005"])
+    with pytest.raises(ConfigError, match="size_floor .* needs labeler.reg_m > 0"):
+        load_config(None, ["--labeler.prior", "uniform", "--labeler.size_floor", "known"])
+    with pytest.raises(ConfigError, match="prior uniform .*prior='adaptive'"):
+        load_config(None, ["--reg-m", "0.45", "--labeler.size_floor", "known"])
+    for bad in ("rarest", "0", "1.5"):
+        with pytest.raises(ConfigError, match="'labeler.size_floor': expected 'none', 'known' or a share"):
+            load_config(None, ["--labeler.prior", "uniform", "--reg-m", "0.45", "--labeler.size_floor", bad])
+    with pytest.raises(ConfigError, match="labeler.max_imbalance=0.5: an imbalance"):
+        load_config(None, ["--labeler.max_imbalance", "0.5"])
+
+
 def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negative_count():
     assert load_config(None, ["--known-warmup-epochs", "1.5"]).optim.known_warmup_epochs == 1.5
     with pytest.raises(ConfigError, match="optim.known_warmup_epochs"):

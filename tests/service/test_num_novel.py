@@ -141,3 +141,41 @@ def test_build_method_gives_the_fixed_prior_its_counts(tmp_path):
 def test_fixed_prior_run_trains_and_evaluates(tmp_path):
     run, _ = make_run_dir(tmp_path, labeler={"prior": "fixed"})
     assert 0.0 <= evaluate_run(run)["novel"] <= 1.0
+
+
+# -- labeler.max_imbalance = 0: the known classes' own imbalance ---------------------------------------------
+
+def test_known_measures_are_filled_in_from_the_known_classes_where_the_labeler_reads_them():
+    """``labeler.size_floor = known`` is the rarest known class's training count over the novel training rows
+    (7 / 36 here; a known class with no row is left out); ``max_imbalance = 0`` under the priors that read it is
+    the known classes' ``n_max / n_min`` (9 / 7). A value given is kept; a labeler that reads neither is left alone."""
+    from ncdlr.service.num_novel import fill_from_known
+
+    summary = _summary(num_known=4, counts=(9, 8, 7, 0, 20, 10, 5, 1))
+    cfg = from_dict({"labeler": {"prior": "uniform", "reg_m": 0.45, "size_floor": "known"}})
+    assert fill_from_known(cfg, summary.train_counts, summary.num_known, summary.novel_rows) == {
+        "labeler.size_floor": f"{7 / 36:.6g}"}
+    assert float(cfg.labeler.size_floor) == pytest.approx(7 / 36, rel=1e-5)
+    anchored = from_dict({"labeler": {"prior": "anchored"}})
+    assert fill_from_known(anchored, summary.train_counts, summary.num_known, 36) == {"labeler.max_imbalance": 9 / 7}
+    given = from_dict({"labeler": {"prior": "anchored", "max_imbalance": 40.0}})
+    assert fill_from_known(given, summary.train_counts, summary.num_known, 36) == {}
+    assert given.labeler.max_imbalance == 40.0
+    plain = Config()
+    assert fill_from_known(plain, summary.train_counts, summary.num_known, 36) == {}
+    assert plain.labeler.max_imbalance == 0.0 and plain.labeler.size_floor == "none"
+    with pytest.raises(ConfigError, match="no known class has a training row"):
+        fill_from_known(from_dict({"labeler": {"prior": "bounded"}}), [0, 0, 5, 3], 2, 8)
+    with pytest.raises(ConfigError, match="no novel training rows"):
+        fill_from_known(from_dict({"labeler": {"prior": "uniform", "reg_m": 0.45, "size_floor": "known"}}),
+                        [4, 2, 5, 3], 2, 0)
+
+
+def test_a_size_floor_from_the_known_classes_trains_and_is_recorded_in_the_run(tmp_path):
+    """The trainer's chain on a tiny table: ``size_floor = known`` trains and evaluates; the run's config records the
+    share it stood for."""
+    run, _ = make_run_dir(tmp_path, labeler={"prior": "uniform", "reg_m": 0.45, "size_floor": "known"})
+    cfg = load_config(run / "config.yaml")
+    assert 0 < float(cfg.labeler.size_floor) < 1
+    metrics = evaluate_run(run)
+    assert 0.0 <= metrics["novel"] <= 1.0

@@ -190,3 +190,19 @@ def test_select_edits_rehearses_named_edits_of_several_keys_and_keeps_the_defaul
         rehearsal.select_edits(cfg, splits, {"held": {}, "x": {"labeler.no_such_key": 1}}, "held")
     with pytest.raises(ValueError, match="default among the candidates"):
         rehearsal.select_edits(cfg, splits, candidates, "uniform")
+
+
+def test_later_draws_extend_an_earlier_rehearsal_with_the_same_validation_problems(monkeypatch):
+    """``first_draw``: draws 2 and 3 run alone are the problems draws 2 and 3 of a four-draw rehearsal trained on,
+    so a cached rehearsal grows by its missing draws (``quality.py --select-draws``) instead of running again."""
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    problems = []
+    monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: problems.append(trained_on) or trained_on)
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda problem, _: float(problem.labels[SCORING_SPLIT].sum()))
+    edit = {"only": lambda trial, ku: None}
+    whole = rehearsal.rehearse(cfg, splits, edit, draws=4, pseudo_novel_fraction=0.5)["only"]
+    later = rehearsal.rehearse(cfg, splits, edit, draws=2, pseudo_novel_fraction=0.5, first_draw=2)["only"]
+    assert later == whole[2:] and len(set(whole)) > 1  # the draws differ; the later ones are the same problems
+    assert torch.equal(problems[-1].labels[SCORING_SPLIT], problems[3].labels[SCORING_SPLIT])
+    with pytest.raises(ValueError, match="first_draw"):
+        rehearsal.rehearse(cfg, splits, edit, draws=1, first_draw=-1)
