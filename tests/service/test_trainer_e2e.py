@@ -74,7 +74,9 @@ def test_two_workers_train_on_images_from_s3_and_write_the_report(ray_local, s3_
 def test_two_workers_stream_two_epochs_per_execution_in_lockstep(ray_local, tmp_path):
     """``data.epochs_per_execution = 2``: one Ray Data execution holds both epochs, cut into epochs of the same
     number of steps on both DDP ranks (no rank waits for a stream restart the other never asks for), and τ
-    stays identical on both."""
+    stays identical on both. The anchored prior's ``max_imbalance`` 0 is the known classes' training imbalance
+    (16 / 8), filled in by the driver and recorded in the run's config."""
+    from ncdlr.service.config import load_config
     from ncdlr.service.trainer import fit
 
     records, classes, info = make_tiny_dataset(train_counts=(16, 8, 12, 12), num_known=2, test_per_class=3, size=40)
@@ -83,13 +85,14 @@ def test_two_workers_stream_two_epochs_per_execution_in_lockstep(ray_local, tmp_
     cfg.data.uri, cfg.data.batch_size, cfg.data.image_size, cfg.data.eval_batch_size = str(tmp_path / "tiny"), 4, 32, 16
     cfg.data.epochs_per_execution = 2
     cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = "tiny_cnn", -1, "linear"
-    cfg.labeler.gamma, cfg.labeler.buffer_size = 5.0, 32
+    cfg.labeler.gamma, cfg.labeler.buffer_size, cfg.labeler.prior = 5.0, 32, "anchored"
     cfg.optim.epochs, cfg.optim.warmup_epochs = 2, 1
     cfg.run.num_workers, cfg.run.cpus_per_worker, cfg.run.output = 2, 1.0, str(tmp_path / "run")
     cfg.run.evaluate = False
     result = fit(cfg)
     assert result["metrics"]["epoch"] == 2 and result["metrics"]["steps"] == 3, "24 novel rows / (2 ranks × 4)"
     assert result["metrics"]["tau_rank_spread"] == 0.0
+    assert load_config(tmp_path / "run" / "config.yaml").labeler.max_imbalance == 2.0
 
 
 def test_feature_table_run_on_s3_storage_resumes_from_its_checkpoint(ray_local, feature_table, s3_bucket, tmp_path,
