@@ -179,8 +179,26 @@ def cluster_sizes(cells: list[dict], num_novel: int) -> dict[str, float] | None:
     counts = [np.bincount(np.asarray(c["novel_train_pred"], dtype=np.int64), minlength=num_novel) for c in cells]
     empty = np.array([(k == 0).sum() for k in counts], dtype=np.float64)
     ratio = np.array([k.max() / k[k > 0].min() for k in counts])
+    kl = np.array([kl_from_uniform(k) for k in counts])
     return {"seeds": len(cells), "empty": empty.mean(), "empty_min": empty.min(), "empty_max": empty.max(),
-            "ratio": float(np.median(ratio)), "ratio_min": ratio.min(), "ratio_max": ratio.max()}
+            "ratio": float(np.median(ratio)), "ratio_min": ratio.min(), "ratio_max": ratio.max(), "kl": kl.mean(),
+            "kl_std": kl.std()}
+
+
+def kl_from_uniform(sizes: np.ndarray) -> float:
+    """``KL(p ‖ uniform)`` (nats) of the shares ``p`` of ``sizes [K]``: 0 for equal sizes, ``log K`` for one cluster."""
+    p = np.asarray(sizes, dtype=np.float64) / np.sum(sizes)
+    p = p[p > 0]
+    return float(np.sum(p * np.log(p * len(sizes))))
+
+
+def profile_on(counts, k: int) -> np.ndarray:
+    """The sorted size profile of ``counts`` (classes with no row left out) carried to ``k`` clusters: log-sizes
+    interpolated along the rank from the largest to the smallest, so the ends keep the classes' largest / smallest
+    ratio. Shares ``[k]``, largest first: what ``k`` clusters as imbalanced, in the same shape, would hold."""
+    c = np.sort(np.asarray([x for x in counts if x > 0], dtype=np.float64))[::-1]
+    p = np.exp(np.interp(np.linspace(0, 1, k), np.linspace(0, 1, len(c)), np.log(c)))
+    return p / p.sum()
 
 
 def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b: list[dict], draws: int = 2000,
@@ -291,14 +309,18 @@ def main(argv: list[str] | None = None) -> int:
             counts = np.asarray(train_counts[num_known:])
             print(f"\n{dataset}, novel clusters on the novel training rows (no labels read): clusters holding no row "
                   f"of {num_novel}, largest / smallest non-empty cluster (true classes: "
-                  f"{counts.max() / counts.min():.0f})\n")
-            print("| method | seeds | clusters holding no row: mean (min–max) | size ratio: median (min–max) |")
-            print("|---|---|---|---|")
+                  f"{counts.max() / counts.min():.0f}), KL of the sizes from uniform (true classes: "
+                  f"{kl_from_uniform(counts):.2f}; the known classes' profile on {num_novel} clusters: "
+                  f"{kl_from_uniform(profile_on(train_counts[:num_known], num_novel)):.2f})\n")
+            print("| method | seeds | clusters holding no row: mean (min–max) | size ratio: median (min–max) "
+                  "| KL from uniform (nats) |")
+            print("|---|---|---|---|---|")
             for variant in args.variants:
                 z = cluster_sizes(list(kept[variant].values()), num_novel)
                 if z is not None:
                     print(f"| {variant} | {z['seeds']} | {z['empty']:.1f} ({z['empty_min']:.0f}–"
-                          f"{z['empty_max']:.0f}) | {z['ratio']:.0f} ({z['ratio_min']:.0f}–{z['ratio_max']:.0f}) |")
+                          f"{z['empty_max']:.0f}) | {z['ratio']:.0f} ({z['ratio_min']:.0f}–{z['ratio_max']:.0f}) "
+                          f"| {z['kl']:.2f} ± {z['kl_std']:.2f} |")
             print()
         if args.gap:
             first, second = (kept[v] for v in args.gap)

@@ -200,6 +200,19 @@ def test_cluster_sizes_count_the_clusters_holding_no_training_row_and_the_size_r
     z = seed_spread.cluster_sizes(cells, 4)
     assert z["seeds"] == 2 and z["empty"] == 1.5 and (z["empty_min"], z["empty_max"]) == (1, 2)
     assert z["ratio"] == 3.0 and (z["ratio_min"], z["ratio_max"]) == (1.0, 5.0)  # median of 5 and 1
+    kl = [(5 * np.log(5 / 2) + 2 * np.log(1) + np.log(1 / 2)) / 8, np.log(2)]  # Σ p log(4p): 4 shares; 2 of 1/2
+    assert z["kl"] == pytest.approx(np.mean(kl)) and z["kl_std"] == pytest.approx(np.std(kl))
+
+
+def test_a_size_profile_carried_to_other_clusters_keeps_its_imbalance_and_shape():
+    """The known classes' sorted sizes carried to k clusters: a geometric profile stays geometric with the same
+    largest / smallest ratio (counts 8, 4, 2, 1 on 7 clusters: seven shares, each the last over 8^(1/6))."""
+    seed_spread = load_benchmark("seed_spread")
+    p = seed_spread.profile_on([1, 8, 0, 4, 2], 7)  # a class with no row is left out
+    assert p.sum() == pytest.approx(1.0) and p[0] / p[-1] == pytest.approx(8.0)
+    assert np.diff(np.log(p)) == pytest.approx(np.full(6, np.log(1 / 8) / 6))
+    assert seed_spread.kl_from_uniform(np.ones(5)) == 0.0
+    assert seed_spread.kl_from_uniform(np.array([3, 0, 0])) == pytest.approx(np.log(3))
     assert seed_spread.cluster_sizes([{"test_pred": [0]}], 4) is None  # a cell without its training clustering
 
 
@@ -213,4 +226,4 @@ def test_the_command_prints_the_sizes_table_when_asked(tmp_path, capsys):
     assert seed_spread.main([*argv, "--sizes"]) == 0
     out = capsys.readouterr().out
     assert "(true classes: 2)" in out  # training counts of the novel classes 1, 2: 2 and 1
-    assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) |" in out.splitlines()  # all three rows in cluster 0
+    assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) | 0.69 ± 0.00 |" in out.splitlines()  # all rows in cluster 0: log 2
