@@ -9,6 +9,9 @@ Contenders (same arithmetic, measured in the same run):
            update; no autograd graph).
   ours, relaxed sizes — the same labeler with ``reg_m = 0.45`` (semi-relaxed OT: each column update raised to a power
            and rescaled, one pow and one exp per Sinkhorn half-step): what the option adds to a step.
+  ours, uniform prior, relaxed sizes (+ floor) — the paper's relaxed OT solved exactly (one solve, nothing learned),
+           without and with ``size_floor`` = half of 1/Ku: the floor's cost is the second over the first
+           (:func:`ncdlr.ot.capped_shares`, 60 bisection steps on a [Ku] vector per column update).
   ours, autograd dF/dt — the same labeler with ``forward_mode = False``: reverse-mode autograd through the
            T iterations (the previous implementation), to show what the forward mode buys.
   plain  — log-domain Sinkhorn (ncdlr.ot.sinkhorn, logsumexp passes) with autograd, L times per step.
@@ -103,12 +106,17 @@ def main() -> None:
     reverse = AdaptiveSelfLabeler(K, eps=EPS, n_iters=T, outer_steps=L, gamma=GAMMA)
     reverse.forward_mode = False
     relaxed = AdaptiveSelfLabeler(K, eps=EPS, n_iters=T, outer_steps=L, gamma=GAMMA, reg_m=RELAXED_REG_M)
+    uniform = AdaptiveSelfLabeler(K, prior="uniform", eps=EPS, n_iters=T, reg_m=RELAXED_REG_M)
+    floored = AdaptiveSelfLabeler(K, prior="uniform", eps=EPS, n_iters=T, reg_m=RELAXED_REG_M,
+                                  size_bounds=(0.5 / K, 1.0))
 
     times = interleaved_seconds(
         {
             "ours (rescaled kernel, matvecs)": lambda: labeler(scores, last=128),
             "ours, autograd dF/dt": lambda: reverse(scores, last=128),
             f"ours, relaxed sizes reg_m {RELAXED_REG_M}": lambda: relaxed(scores, last=128),
+            "ours, uniform prior, relaxed": lambda: uniform(scores, last=128),
+            "ours, uniform, relaxed + floor": lambda: floored(scores, last=128),
             "plain log-domain + autograd": lambda: plain_step(scores, torch.tensor(0.0)),
             "POT ot.sinkhorn + finite diff.": lambda: pot_step(scores.numpy(), 0.0),
         },
@@ -121,6 +129,9 @@ def main() -> None:
     for name, seconds in times.items():
         ratio = statistics.median(s / o for s, o in zip(seconds, ours))
         print(f"{name:<34}{statistics.median(seconds) * 1e3:>12.1f}{ratio:>48.1f}")
+    floor = statistics.median(f / u for f, u in zip(times["ours, uniform, relaxed + floor"],
+                                                     times["ours, uniform prior, relaxed"]))
+    print(f"the size floor's cost: relaxed + floor over relaxed (uniform prior), median of per-round ratios: {floor:.2f}")
 
 if __name__ == "__main__":
     main()
