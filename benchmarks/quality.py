@@ -258,7 +258,8 @@ def variant_config(dataset: str, variant: str, seed: int, splits: FeatureSplits,
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
     cfg.run.seed = cfg.model.prototype_seed = seed
-    fill_from_known(cfg, splits.train_counts(), splits.num_known, splits.features["novel"].shape[0])  # the run's own
+    # the run's own known classes, before any --select rehearsal copies the config (train() would fill it too)
+    fill_from_known(cfg, splits.train_counts(), splits.num_known, splits.features["novel"].shape[0])
     return cfg
 
 

@@ -195,8 +195,7 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     if data.features is not None:
         model_for_table(cfg, data.features)
     preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint, shards
-    summary = data.summary
-    fill_from_known(cfg, summary.train_counts, summary.num_known, summary.novel_rows)  # e.g. size_floor=known, saved
+    fill_from_known(cfg, data.summary.train_counts, data.summary.num_known, data.summary.novel_rows)  # saved below
     if cfg.model.num_novel != "auto":
         fixed_prior_counts(cfg, data.summary)  # prior=fixed with a Ku other than the data's: refused before Ray
     init_ray(cpus_needed=cfg.run.num_workers * cfg.run.cpus_per_worker + 2, verbose=cfg.run.verbose)
