@@ -188,6 +188,13 @@ def _choices(key: str) -> tuple[str, ...] | None:
     return _CHOICES.get(key)
 
 
+def _prior_learns(kind: str) -> bool:
+    """Whether the prior ``kind`` has a learned parameter (its registry entry says; imported only when asked)."""
+    from ncdlr.priors import PRIORS
+
+    return PRIORS[kind].learns
+
+
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
                               "labeler.gamma_per_cluster": 0.0, "labeler.reg_m": 0.0, "labeler.max_imbalance": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
@@ -291,7 +298,7 @@ def resolve(settings: list[Setting]) -> Config:
     if 0 < cfg.labeler.max_imbalance <= 1:
         raise ConfigError(f"labeler.max_imbalance={cfg.labeler.max_imbalance:g}: an imbalance (largest over smallest "
                           f"size) is > 1, or 0 for the known classes' own")
-    if cfg.labeler.size_floor != "none" and (cfg.labeler.reg_m <= 0 or (cfg.labeler.prior not in ("uniform", "fixed")
+    if cfg.labeler.size_floor != "none" and (cfg.labeler.reg_m <= 0 or (_prior_learns(cfg.labeler.prior)
                                                                        and cfg.method.name != "uno")):
         raise ConfigError(f"labeler.size_floor holds relaxed sizes under a prior that does not learn: it needs "
                           f"labeler.reg_m > 0 and labeler.prior uniform (or fixed); got reg_m={cfg.labeler.reg_m:g}, "
