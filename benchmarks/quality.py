@@ -51,10 +51,15 @@ Usage
       [--features /work/cache/openclipart-lt-lite0-160.parquet] [--table openclipart-cached=/work/cache/oc-lite0-160-b1-v8] \\
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
       [--workers 2] [--select] [--select-setting warmup momentum] [--holdout-view]
+      [--select-draws 8] [--select-replicates 3] [--select-only-replicates 1 2] [--select-score val|pool]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
 dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup
 momentum`` rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) and τ's momentum
 (``labeler.momentum``: 0.99 or 0.9) the same way (``--select-warmup`` = ``--select-setting warmup``).
+``--select-replicates R`` trains each candidate R times per draw (other training seeds, same draws; each replicate
+its own cache file, ``--select-only-replicates`` runs a share of them in one process) and chooses on the mean;
+``--select-score pool`` chooses on the runs' clustering of the pseudo-novel rows they trained on instead of the
+held-out images (benchmarks/rehearsal_noise.py compares the two).
 ``--holdout-view`` (cached datasets) trains without each training row's last cached view and records the model's
 novel clusters on it, for ``benchmarks/carry.py`` (cells cached as ``*-hv.json``).
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
@@ -68,6 +73,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -390,9 +396,16 @@ def head_diagnosis(run, splits: FeatureSplits) -> dict | None:
 SELECT_CANDIDATES, SELECT_DRAWS, SELECT_FRACTION = (UNIFORM, 0.15, 0.5, 1.5), 3, 0.5
 
 
-def selection_path(root: Path, dataset: str, epochs: int | None, what: str = "") -> Path:
-    """Where a dataset's rehearsal is cached: select-<dataset>.json (γ), select-<what>-<dataset>.json (another key)."""
-    return root / f"select-{f'{what}-' if what else ''}{dataset}{f'-e{epochs}' if epochs else ''}.json"
+#: ``--select-score``: which score of a ``--select-setting`` rehearsal makes its choice — ``val`` (the held-out
+#: images of the pseudo-novel classes) or ``pool`` (the pseudo-novel rows each run clustered; POOL_SPLIT)
+SELECT_SCORES = ("val", "pool")
+
+
+def selection_path(root: Path, dataset: str, epochs: int | None, what: str = "", replicate: int = 0) -> Path:
+    """Where a dataset's rehearsal is cached: select-<dataset>.json (γ), select-<what>-<dataset>.json (another key),
+    select-<what>-r<replicate>-<dataset>.json (its replicate ``replicate`` > 0: other training seeds, same draws)."""
+    return root / (f"select-{f'{what}-' if what else ''}{f'r{replicate}-' if replicate else ''}{dataset}"
+                   f"{f'-e{epochs}' if epochs else ''}.json")
 
 
 def run_selection(dataset: str, splits: FeatureSplits, epochs: int | None) -> dict:
@@ -433,10 +446,12 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: ``--select-setting NAME`` for a choice among named edits of several keys (:func:`ncdlr.service.rehearsal.
 #: select_edits`), the first one the default. ``sizes``: the dataset config's transport (learned τ, sizes held at w)
 #: against relaxed sizes with the learned τ and relaxed sizes with the uniform prior (the variants ``ncdlr-relax``,
-#: ``ncdlr-uniform-relax``).
+#: ``ncdlr-uniform-relax``); ``uniform-sizes``: the same without the middle candidate (two thirds of the cost, for
+#: replicated rehearsals).
 EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M},
               "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}},
+    "uniform-sizes": {"held": {}, "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}},
 }
 
 
@@ -451,30 +466,54 @@ def rehearsal_candidates(what: str) -> tuple[str, dict[object, dict[str, object]
 
 
 def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str,
-                      draws: int = SELECT_DRAWS) -> dict:
+                      draws: int = SELECT_DRAWS, replicates: Sequence[int] = (0,), score: str = "val") -> dict:
     """The dataset's known-class rehearsal of ``--select-setting what`` (:func:`rehearsal_candidates`; the dataset's
-    config, seed 0, ``draws`` draws of :data:`SELECT_FRACTION` pseudo-novel classes), cached as
-    select-<what>-<dataset>.json; a cache of fewer draws is extended by the missing ones (draw ``d`` is the same
-    validation problem whenever it runs), one of more is read for its first ``draws``. The choice (under
-    :func:`choice_field`, e.g. ``known_warmup_epochs``) is derived again from the per-draw scores on every read
-    (:func:`choose_candidate`)."""
+    config, seed 0, ``draws`` draws of :data:`SELECT_FRACTION` pseudo-novel classes), each of ``replicates`` (other
+    training seeds on the same draws) cached as its own file (:func:`selection_path`), so replicates can run in
+    separate processes. A cache of fewer draws is extended by the missing ones (draw ``d`` is the same validation
+    problem whenever it runs), one of more is read for its first ``draws``. Each file keeps both scores of every run:
+    ``per_draw`` (``val``) and ``per_draw_pool`` (``pool``; absent in caches from before it was recorded).
+
+    The choice (under :func:`choice_field`, e.g. ``known_warmup_epochs``) is derived again on every read
+    (:func:`choose_candidate`) from the ``score`` of each draw averaged over the replicates; the answer also holds
+    ``per_replicate`` = ``{replicate: {score: {candidate: [per draw]}}}`` for benchmarks/rehearsal_noise.py."""
+    if score not in SELECT_SCORES:
+        raise ValueError(f"score must be one of {SELECT_SCORES}, got {score!r}")
     key, candidates, default = rehearsal_candidates(what)
-    path = selection_path(root, dataset, epochs, what)
-    cached = json.loads(path.read_text()) if path.is_file() else {"per_draw": {}, "draws": 0, "seconds": 0.0}
-    if cached["draws"] < draws:
-        start, per_draw = time.perf_counter(), {}
-        select_edits(dataset_config(dataset, epochs), splits, candidates, default, draws=draws - cached["draws"],
-                     pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw, first_draw=cached["draws"])
-        scores = {str(k): cached["per_draw"].get(str(k), []) + v for k, v in per_draw.items()}
-        path.write_text(json.dumps({"dataset": dataset, "key": key, "per_draw": scores, "draws": draws,
-                                    "pseudo_novel_fraction": SELECT_FRACTION,
-                                    "seconds": cached["seconds"] + time.perf_counter() - start}))
-    chosen = json.loads(path.read_text())
     by_name = {str(candidate): candidate for candidate in candidates}
-    per_draw = {by_name[k]: v[:draws] for k, v in chosen["per_draw"].items()}
-    chosen.update({choice_field(what): choose_candidate(per_draw, default)}, draws=draws, per_draw=per_draw,
-                  scores={k: float(np.mean(v)) for k, v in per_draw.items()})
-    return chosen
+    per_replicate, seconds = {}, 0.0
+    for replicate in replicates:
+        path = selection_path(root, dataset, epochs, what, replicate)
+        cached = json.loads(path.read_text()) if path.is_file() else {"per_draw": {}, "draws": 0, "seconds": 0.0,
+                                                                       "per_draw_pool": {}}
+        if cached["draws"] < draws:
+            if splits is None:
+                raise SystemExit(f"{path.name} holds {cached['draws']} of {draws} draws and no data was loaded")
+            start, per_draw, pool = time.perf_counter(), {}, {}
+            select_edits(dataset_config(dataset, epochs), splits, candidates, default,
+                         draws=draws - cached["draws"], pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw,
+                         first_draw=cached["draws"], replicate=replicate, pool=pool)
+            record = {"dataset": dataset, "key": key, "replicate": replicate, "draws": draws,
+                      "per_draw": {str(k): cached["per_draw"].get(str(k), []) + v for k, v in per_draw.items()},
+                      "pseudo_novel_fraction": SELECT_FRACTION,
+                      "seconds": cached.get("seconds", 0.0) + time.perf_counter() - start}
+            if "per_draw_pool" in cached:  # pool scores are kept only while they cover every draw
+                record["per_draw_pool"] = {str(k): cached["per_draw_pool"].get(str(k), []) + v
+                                           for k, v in pool.items()}
+            path.write_text(json.dumps(record))
+            cached = record
+        per_replicate[replicate] = {
+            name: {by_name[k]: v[:draws] for k, v in cached[field].items()}
+            for name, field in (("val", "per_draw"), ("pool", "per_draw_pool")) if field in cached}
+        seconds += cached.get("seconds", 0.0)
+        if score not in per_replicate[replicate]:
+            raise SystemExit(f"{path.name} has no {score} scores (cached before they were recorded): delete it to "
+                             f"rehearse again, or choose with --select-score val")
+    per_draw = {candidate: np.mean([per_replicate[r][score][candidate] for r in replicates], axis=0).tolist()
+                for candidate in candidates}
+    return {"dataset": dataset, "key": key, choice_field(what): choose_candidate(per_draw, default), "draws": draws,
+            "replicates": list(replicates), "score": score, "per_draw": per_draw, "seconds": seconds,
+            "scores": {k: float(np.mean(v)) for k, v in per_draw.items()}, "per_replicate": per_replicate}
 
 
 def choice_field(what: str) -> str:
@@ -610,11 +649,20 @@ def main(argv: list[str] | None = None) -> int:
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
                              "(labeler.momentum 0.99 or 0.9), epochs (optim.epochs 10 or 20), mixup "
                              "(optim.mixup 0 or 1), average (optim.average_epochs 0 or 2), relax (labeler.reg_m 0 or "
-                             "0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior)")
+                             "0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior), uniform-sizes "
+                             "(held, or relaxed with the uniform prior)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--select-draws", type=int, default=SELECT_DRAWS,
                         help=f"validation draws of each --select-setting rehearsal (default {SELECT_DRAWS}); a cached "
                              "rehearsal of fewer draws is extended by the missing ones, not run again")
+    parser.add_argument("--select-replicates", type=int, default=1,
+                        help="train every --select-setting candidate on each draw this many times, with other "
+                             "seeds (replicate r: seed 1000 r), and choose on the mean over them (default 1)")
+    parser.add_argument("--select-only-replicates", type=int, nargs="+", default=None,
+                        help="run only these replicates (split a rehearsal over processes; each is its own cache file)")
+    parser.add_argument("--select-score", choices=SELECT_SCORES, default="val",
+                        help="the score a --select-setting rehearsal chooses on: val (held-out images of the "
+                             "pseudo-novel classes, default) or pool (the pseudo-novel rows each run clustered)")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     parser.add_argument("--holdout-view", action="store_true",
@@ -626,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.select_replicates < 1 or any(r < 0 for r in args.select_only_replicates or ()):
+        parser.error(f"--select-replicates must be at least 1 and replicates at least 0, got "
+                     f"{args.select_replicates}, {args.select_only_replicates}")
     tables = parsed_tables(parser, args)
     torch.set_num_threads(1)
     args.results.mkdir(parents=True, exist_ok=True)
@@ -660,10 +711,12 @@ def main(argv: list[str] | None = None) -> int:
         settings = list(dict.fromkeys(args.select_setting + (["warmup"] if args.select_warmup else [])))
         for what in settings if not args.render_only and args.shard is None else ():
             key = rehearsal_candidates(what)[0]
+            replicates = args.select_only_replicates or range(args.select_replicates)
             done = setting_selection(args.results, dataset, fixed if fixed is not None else synthetic_splits(0),
-                                     args.epochs, what, args.select_draws)
-            print(f"[{dataset}] {what} rehearsal: {key} = {done[choice_field(what)]} "
-                  f"(per draw: {done['per_draw']}; {done['seconds']:.0f} s)", flush=True)
+                                     args.epochs, what, args.select_draws, replicates, args.select_score)
+            print(f"[{dataset}] {what} rehearsal ({args.select_score} score, replicates {done['replicates']}): "
+                  f"{key} = {done[choice_field(what)]} (per draw: {done['per_draw']}; {done['seconds']:.0f} s)",
+                  flush=True)
         for seed in range(args.seeds):
             skip = args.render_only or (args.only_seeds is not None and seed not in args.only_seeds)
             splits = fixed if dataset != "synthetic" else (None if skip else synthetic_splits(seed))

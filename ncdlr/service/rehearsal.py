@@ -16,6 +16,11 @@ not"; :func:`select_setting` rehearses the values of any other config key the sa
 warm-up, ``optim.known_warmup_epochs``), and :func:`select_edits` named edits of several keys at once. Several
 draws (other pseudo-novel classes, other held-out images) average the scores, and the choice
 (:func:`choose_candidate`) keeps the default γ/Ku unless a candidate beats it on the draws by two standard errors.
+
+Two ways to lower the noise of one draw without a new validation problem: a *replicate* trains every candidate
+again on the same draws with other training seeds (:func:`replicate_seed`), and the *pool* score
+(:data:`POOL_SPLIT`) reads each run's clustering of the pseudo-novel rows it trained on without their labels
+(the transductive score of the NCD literature: about four times the rows of ``val``, but rows the run has seen).
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ DEFAULT_GAMMA_PER_CLUSTER = 0.5
 UNIFORM = GAMMA_UNIFORM
 
 
+#: the split of the validation problem behind the pool score: the pseudo-novel training rows (unlabeled to the run)
+POOL_SPLIT = "novel"
+#: replicate ``r`` of a rehearsal trains with ``run.seed + REPLICATE_SEED_STRIDE · r`` (draws keep their problems)
+REPLICATE_SEED_STRIDE = 1000
+
 #: a rehearsal candidate: edits a trial config in place, given the validation problem's number of pseudo-novel classes
 Candidate = Callable[[Config, int], object]
 
@@ -58,11 +68,19 @@ def apply_gamma(cfg: Config, gamma: float) -> Config:
     return cfg
 
 
-def rehearsal_score(run: TrainedRun, validation: FeatureSplits) -> float:
-    """The validation score of ``run``: pseudo-novel class-mean accuracy of its predictions on ``val``."""
-    logits = run.method.predict_logits(run.model, embed(run.model, validation.features[SCORING_SPLIT]))
-    return validation_scores(validation.labels[SCORING_SPLIT].numpy(), logits.argmax(1).numpy(),
+def rehearsal_score(run: TrainedRun, validation: FeatureSplits, split: str = SCORING_SPLIT) -> float:
+    """The validation score of ``run``: pseudo-novel class-mean accuracy of its predictions on ``split`` (``val``,
+    the held-out rows; or :data:`POOL_SPLIT`, the pseudo-novel rows it trained on, view 0)."""
+    logits = run.method.predict_logits(run.model, embed(run.model, validation.features[split]))
+    return validation_scores(validation.labels[split].numpy(), logits.argmax(1).numpy(),
                              validation.num_known, validation.train_counts())["score"]
+
+
+def replicate_seed(cfg: Config, replicate: int) -> int:
+    """The training seed of replicate ``replicate`` of a rehearsal of ``cfg`` (replicate 0: ``run.seed`` itself)."""
+    if replicate < 0:
+        raise ValueError(f"replicate must be at least 0, got {replicate}")
+    return cfg.run.seed + REPLICATE_SEED_STRIDE * replicate
 
 
 def select_gamma(cfg: Config, splits: FeatureSplits, gamma_per_cluster: tuple[float, ...] = (0.05, 0.15, 0.5, 1.5),
@@ -97,16 +115,20 @@ def select_gamma(cfg: Config, splits: FeatureSplits, gamma_per_cluster: tuple[fl
 
 def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Candidate], draws: int = 1,
              pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
-             first_draw: int = 0) -> dict[Hashable, list[float]]:
+             first_draw: int = 0, replicate: int = 0,
+             pool: dict[Hashable, list[float]] | None = None) -> dict[Hashable, list[float]]:
     """Each candidate's pseudo-novel score on each validation draw: ``{key: [score of draw first_draw, the next, …]}``
     (``draws`` of them; a later ``first_draw`` extends an earlier rehearsal with new draws).
 
     Draw ``d`` is the validation problem of seed ``run.seed + d`` (:func:`validation_splits`); every candidate
     trains on it from ``cfg`` scaled to its size (:func:`scaled_config`) and edited by ``candidates[key](trial,
-    Ku')``, and is scored by :func:`rehearsal_score`. Cost: ``len(candidates) · draws`` trainings.
+    Ku')``, with the training seed of ``replicate`` (:func:`replicate_seed`), and is scored by
+    :func:`rehearsal_score` on ``val``. ``pool``, when given, is filled the same way with the pool score
+    (:data:`POOL_SPLIT`) of the same runs. Cost: ``len(candidates) · draws`` trainings.
     """
     if draws < 1 or first_draw < 0:
         raise ValueError(f"draws must be at least 1 and first_draw at least 0, got {draws}, {first_draw}")
+    seed = replicate_seed(cfg, replicate)
     by_draw: dict[Hashable, list[float]] = {key: [] for key in candidates}
     for draw in range(first_draw, first_draw + draws):
         validation, info = validation_splits(
@@ -114,8 +136,12 @@ def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, C
         scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
         for key, edit in candidates.items():
             trial = scaled_config(cfg, scale)
+            trial.run.seed = seed
             edit(trial, info.num_novel)
-            by_draw[key].append(rehearsal_score(train(trial, validation), validation))
+            run = train(trial, validation)
+            by_draw[key].append(rehearsal_score(run, validation))
+            if pool is not None:
+                pool.setdefault(key, []).append(rehearsal_score(run, validation, POOL_SPLIT))
     return by_draw
 
 
@@ -139,7 +165,8 @@ def one_key_edits(key: str, values: Sequence) -> dict[object, dict[str, object]]
 
 def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Mapping[str, object]], default,
                  draws: int = 3, pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
-                 per_draw: dict | None = None, margin_se: float = 2.0, first_draw: int = 0) -> tuple[object, dict]:
+                 per_draw: dict | None = None, margin_se: float = 2.0, first_draw: int = 0, replicate: int = 0,
+                 pool: dict | None = None) -> tuple[object, dict]:
     """Which of several named config edits the known-class rehearsal supports (on ``draws`` validation draws from
     ``first_draw``: :func:`rehearse`).
 
@@ -147,7 +174,8 @@ def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashabl
     empty edit = ``cfg`` as it is), so a candidate may change several keys at once (e.g. the uniform prior *and*
     relaxed sizes). ``default`` (a name) stays unless another candidate beats it draw by draw by ``margin_se``
     standard errors (:func:`choose_candidate`); hence at least two draws. Returns ``(name, {name: mean score})``;
-    ``per_draw`` is filled with ``{name: [score of each draw]}`` when given.
+    ``per_draw`` is filled with ``{name: [score of each draw]}`` when given; ``replicate`` and ``pool`` as in
+    :func:`rehearse` (``pool`` filled with the pool scores of the same runs).
     """
     fields = {}  # candidate → [(section, field, value)], each key parsed and checked once
     for candidate, edits in candidates.items():
@@ -165,7 +193,7 @@ def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashabl
 
     by_draw = rehearse(cfg, splits, {candidate: (lambda trial, ku, changes=changes: edit(trial, ku, changes))
                                      for candidate, changes in fields.items()}, draws, pseudo_novel_fraction,
-                       first_draw)
+                       first_draw, replicate, pool)
     if per_draw is not None:
         per_draw.update(by_draw)
     return choose_candidate(by_draw, default, margin_se), {v: float(np.mean(s)) for v, s in by_draw.items()}

@@ -206,3 +206,45 @@ def test_later_draws_extend_an_earlier_rehearsal_with_the_same_validation_proble
     assert torch.equal(problems[-1].labels[SCORING_SPLIT], problems[3].labels[SCORING_SPLIT])
     with pytest.raises(ValueError, match="first_draw"):
         rehearsal.rehearse(cfg, splits, edit, draws=1, first_draw=-1)
+
+
+def test_a_replicate_trains_the_same_problems_with_other_seeds_and_the_pool_scores_the_rows_each_run_clustered(
+        monkeypatch):
+    """Replicate ``r`` of a rehearsal: the same validation draws, the training seed ``run.seed + 1000 r``; the pool
+    score of each run is read on the pseudo-novel rows it trained on (their labels only score, never train)."""
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    trained, scored = [], []
+    monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: trained.append(
+        (trial_cfg.run.seed, trained_on)) or trial_cfg.run.seed)
+
+    def fake_score(run, problem, split=SCORING_SPLIT):  # the run (its seed), and how many rows the split has
+        scored.append((run, split))
+        return len(problem.labels[split]) / 1000
+
+    monkeypatch.setattr(rehearsal, "rehearsal_score", fake_score)
+    edits = {"held": lambda trial, ku: None}
+    pool = {}
+    first = rehearsal.rehearse(cfg, splits, edits, draws=2, pseudo_novel_fraction=0.5)
+    again = rehearsal.rehearse(cfg, splits, edits, draws=2, pseudo_novel_fraction=0.5, replicate=2, pool=pool)
+    assert [seed for seed, _ in trained] == [0, 0, 2000, 2000]
+    for (_, a), (_, b) in ((trained[0], trained[2]), (trained[1], trained[3])):  # draw d: one problem, both replicates
+        for split in ("known", "novel", SCORING_SPLIT):
+            assert torch.equal(a.features[split], b.features[split]) and torch.equal(a.labels[split], b.labels[split])
+    assert first == again and first["held"] == [len(p.labels[SCORING_SPLIT]) / 1000 for _, p in trained[:2]]
+    assert pool == {"held": [len(p.labels[rehearsal.POOL_SPLIT]) / 1000 for _, p in trained[2:]]}
+    assert pool["held"] != again["held"]  # the pool is the pseudo-novel training rows, not the held-out ones
+    assert scored == [(0, SCORING_SPLIT)] * 2 + [(2000, SCORING_SPLIT), (2000, rehearsal.POOL_SPLIT)] * 2
+    assert rehearsal.replicate_seed(cfg, 0) == cfg.run.seed
+    with pytest.raises(ValueError, match="replicate must be at least 0"):
+        rehearsal.replicate_seed(cfg, -1)
+
+
+def test_the_pool_score_reads_a_trained_run_on_the_pseudo_novel_rows(one_torch_thread):
+    """The real score on the real split: a trained run's class-mean accuracy over the pseudo-novel classes."""
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    problem, info = validation_splits(splits, ValidationConfig(seed=0, pseudo_novel_fraction=0.5))
+    run = rehearsal.train(cfg, problem)
+    pool = rehearsal.rehearsal_score(run, problem, rehearsal.POOL_SPLIT)
+    assert 0.0 <= pool <= 1.0 and len(problem.labels[rehearsal.POOL_SPLIT]) > len(problem.labels[SCORING_SPLIT]) / 2
+    assert set(problem.labels[rehearsal.POOL_SPLIT].tolist()) == set(range(info.num_known,
+                                                                           info.num_known + info.num_novel))
