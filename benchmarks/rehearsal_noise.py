@@ -12,6 +12,8 @@ pseudo-novel rows each run clustered, :data:`ncdlr.service.rehearsal.POOL_SPLIT`
   on one draw (``seed sd``) and between draws once the seeds are averaged out (``draw sd``, method of moments,
   floored at 0). Replicates shrink the first part only; the second is the draws' own disagreement, which only
   more draws average;
+- **draws needed** (:func:`draws_needed`): how many draws would let the measured mean gap clear two SEs, with 1, 3
+  and 10 replicates, if the noise parts hold;
 - **agreement** of the two scores: the correlation of their per-draw gaps (first replicate).
 
 Usage::
@@ -70,6 +72,14 @@ def noise_parts(default: np.ndarray, challenger: np.ndarray) -> tuple[float, flo
     return float(np.sqrt(seed_var)), float(np.sqrt(max(0.0, draw_var)))
 
 
+def draws_needed(gap: float, seed_sd: float, draw_sd: float, replicates: int, margin_se: float = 2.0) -> float:
+    """Draws a rehearsal of ``replicates`` replicates needs for ``gap`` (points) to clear ``margin_se`` SEs, from the
+    noise parts (:func:`noise_parts`): ``D ≥ margin² (draw var + seed var / R) / gap²`` (inf for a zero gap)."""
+    if gap == 0:
+        return float("inf")
+    return margin_se ** 2 * (draw_sd ** 2 + seed_sd ** 2 / replicates) / gap ** 2
+
+
 def report(selection: dict, default: str, challenger: str) -> list[str]:
     """Lines for one dataset from :func:`quality.setting_selection`'s answer (its ``per_replicate`` scores)."""
     per_replicate = selection["per_replicate"]
@@ -86,7 +96,9 @@ def report(selection: dict, default: str, challenger: str) -> list[str]:
             mean = paired_gap(scores[default].mean(0), scores[challenger].mean(0))
             seed_sd, draw_sd = noise_parts(scores[default], scores[challenger])
             text += (f" | mean of {len(replicates)}: {fmt(mean)} | seed sd {seed_sd:.1f}, draw sd {draw_sd:.1f}"
-                     f" | per draw {' '.join(f'{v:+.1f}' for v in 100 * (scores[challenger] - scores[default]).mean(0))}")
+                     f" | per draw {' '.join(f'{v:+.1f}' for v in 100 * (scores[challenger] - scores[default]).mean(0))}"
+                     f" | draws to resolve {abs(mean.mean):.1f} at 2 SE with 1 / 3 / 10 replicates: "
+                     + " / ".join(f"{draws_needed(mean.mean, seed_sd, draw_sd, r):.0f}" for r in (1, 3, 10)))
         lines.append(text)
     if all(s in per_replicate[replicates[0]] for s in quality.SELECT_SCORES):
         gaps = [np.subtract(per_replicate[replicates[0]][s][challenger], per_replicate[replicates[0]][s][default])

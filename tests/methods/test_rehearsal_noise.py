@@ -64,6 +64,9 @@ def test_the_noise_parts_recover_the_seed_and_draw_spread_of_a_simulated_rehears
     assert gap.mean == pytest.approx(2.0, abs=1.0) and gap.se == pytest.approx(np.sqrt((64 + 16 / 3) / draws), rel=0.15)
     assert gap.chosen  # +2 points with an SE of about 0.4
     assert not noise.paired_gap(default[0, :3], default[0, :3] + [0.1, -0.1, 0.05]).chosen
+    # 8 draws of sd 8 and seeds of sd 4: a 2-point gap needs 4 (64 + 16/R) / 4 draws — 80 at R = 1, 68 at R = 4
+    assert noise.draws_needed(2.0, 4.0, 8.0, 1) == pytest.approx(80.0)
+    assert noise.draws_needed(-2.0, 4.0, 8.0, 4) == pytest.approx(68.0) and noise.draws_needed(0, 4, 8, 1) == np.inf
     with pytest.raises(ValueError, match="R ≥ 2"):
         noise.noise_parts(default[:1], challenger[:1])
 
@@ -80,7 +83,8 @@ def test_the_report_prints_both_scores_for_each_replicate_set(tmp_path, capsys):
     assert "uniform-relaxed − held" in out and "[synthetic] (20 s of training)" in out
     # by hand: val gaps +10 −6 +10 and +10 +14 +10 (mean per draw +10 +4 +10); pool +10 −10 +10 and +10 +10 +10
     assert ("val   replicate 0: +4.7 (SE 5.3, 3 draws) | mean of 2: +8.0 (SE 2.0, 3 draws) → chosen | seed sd 8.2, "
-            "draw sd 0.0 | per draw +10.0 +4.0 +10.0") in out
+            "draw sd 0.0 | per draw +10.0 +4.0 +10.0 | draws to resolve 8.0 at 2 SE with 1 / 3 / 10 replicates: "
+            "4 / 1 / 0") in out
     assert "pool  replicate 0: +3.3 (SE 6.7, 3 draws) | mean of 2: +6.7 (SE 3.3, 3 draws) | seed sd 8.2" in out
     assert "correlation +1.00" in out
     with pytest.raises(SystemExit):
