@@ -20,7 +20,8 @@ draws (other pseudo-novel classes, other held-out images) average the scores, an
 Two ways to lower the noise of one draw without a new validation problem: a *replicate* trains every candidate
 again on the same draws with other training seeds (:func:`replicate_seed`), and the *pool* score
 (:data:`POOL_SPLIT`) reads each run's clustering of the pseudo-novel rows it trained on without their labels
-(the transductive score of the NCD literature: about four times the rows of ``val``, but rows the run has seen).
+(the transductive score of the NCD literature: about four times the pseudo-novel rows ``val`` scores, but
+rows the run has seen).
 """
 
 from __future__ import annotations
