@@ -2,9 +2,9 @@
 pool (the pseudo-novel rows it trained on, :data:`ncdlr.service.rehearsal.POOL_SPLIT`).
 
 The baseline is the training itself (:func:`ncdlr.service.local.train` on the draw's validation problem, scaled as
-:func:`ncdlr.service.rehearsal.rehearse` scales it), measured in the same run; the pool score is priced against it
-(``pool_cost`` = pool-score seconds / training seconds) and against the ``val`` score. Both scores run ``--repeats``
-times on the trained run (median). ``val_rows`` counts every held-out row (a val score predicts them all),
+:func:`ncdlr.service.rehearsal.rehearse` scales it, ``trial_config``), measured in the same run; the pool score is
+priced against it (``pool_cost`` = pool-score seconds / training seconds) and against the ``val`` score. Both
+scores run ``--repeats`` times on the trained run (median). ``val_rows`` counts every held-out row (a val score predicts them all),
 ``val_novel_rows`` the pseudo-novel ones it scores; ``pool_rows`` the pseudo-novel training rows. One JSON line.
 
 Usage:  .venv/bin/python benchmarks/bench_rehearsal.py --dataset fashion-cached [--threads 1]
@@ -27,7 +27,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import quality  # noqa: E402  (the datasets' configs and tables)
 
-from ncdlr.service.rehearsal import POOL_SPLIT, rehearsal_score, scaled_config  # noqa: E402
+from ncdlr.service.rehearsal import POOL_SPLIT, rehearsal_score, trial_config  # noqa: E402
 from ncdlr.service.local import train  # noqa: E402
 from ncdlr.service.validation import SCORING_SPLIT, ValidationConfig, validation_splits  # noqa: E402
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         name, cfg = args.dataset, quality.dataset_config(args.dataset, None)
         splits = read_feature_table(quality.CACHED[args.dataset])
     problem, _ = validation_splits(splits, ValidationConfig(seed=0, pseudo_novel_fraction=quality.SELECT_FRACTION))
-    trial = scaled_config(cfg, min(1.0, len(problem.features["novel"]) / len(splits.features["novel"])))
+    trial = trial_config(cfg, splits, problem)
     train_s, run = timed(lambda: train(trial, problem), 1)
     val_s, val = timed(lambda: rehearsal_score(run, problem), args.repeats)
     pool_s, pool = timed(lambda: rehearsal_score(run, problem, POOL_SPLIT), args.repeats)

@@ -63,6 +63,12 @@ def scaled_config(cfg: Config, scale: float) -> Config:
     return trial
 
 
+def trial_config(cfg: Config, splits: FeatureSplits, validation: FeatureSplits) -> Config:
+    """``cfg`` scaled (:func:`scaled_config`) from the real problem ``splits`` to the validation problem
+    ``validation``: by n'/n, its pseudo-novel rows over the real novel rows (at most 1)."""
+    return scaled_config(cfg, min(1.0, len(validation.features["novel"]) / len(splits.features["novel"])))
+
+
 def apply_gamma(cfg: Config, gamma: float) -> Config:
     """``cfg`` with the rehearsal's choice set in place (:meth:`~ncdlr.method_settings.LabelerConfig.set_gamma`)."""
     cfg.labeler.set_gamma(gamma)
@@ -122,7 +128,7 @@ def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, C
     (``draws`` of them; a later ``first_draw`` extends an earlier rehearsal with new draws).
 
     Draw ``d`` is the validation problem of seed ``run.seed + d`` (:func:`validation_splits`); every candidate
-    trains on it from ``cfg`` scaled to its size (:func:`scaled_config`) and edited by ``candidates[key](trial,
+    trains on it from ``cfg`` scaled to its size (:func:`trial_config`) and edited by ``candidates[key](trial,
     Ku')``, with the training seed of ``replicate`` (:func:`replicate_seed`), and is scored by
     :func:`rehearsal_score` on ``val``. ``pool``, when given, is filled the same way with the pool score
     (:data:`POOL_SPLIT`) of the same runs. Cost: ``len(candidates) · draws`` trainings.
@@ -134,9 +140,8 @@ def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, C
     for draw in range(first_draw, first_draw + draws):
         validation, info = validation_splits(
             splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
-        scale = min(1.0, len(validation.features["novel"]) / len(splits.features["novel"]))
         for key, edit in candidates.items():
-            trial = scaled_config(cfg, scale)
+            trial = trial_config(cfg, splits, validation)
             trial.run.seed = seed
             edit(trial, info.num_novel)
             run = train(trial, validation)
