@@ -15,6 +15,8 @@ Over every subset of ``M`` of the ``S`` seeds that have cells it prints, in poin
 under the test split's Hungarian matching (the headline's measure):
 
 - single runs (mean ± std over the seeds), the pick and the vote (mean ± std over the subsets);
+- **agreement**: the share of novel training rows two seeds' runs put in the same cluster once renamed
+  (:func:`aligned_agreement`), mean over the pairs of seeds — how alike the partitions are that a vote combines;
 - **vote − members**: the vote against the mean of its own ``M`` runs, averaged over the subsets, with a
   jackknife standard error over the seeds (:func:`jackknife_se`: each seed left out in turn, the subsets without
   it), since the subsets share seeds;
@@ -58,6 +60,13 @@ def align_clusters(reference: np.ndarray, other: np.ndarray, num_clusters: int) 
     mapping = np.empty(num_clusters, dtype=np.int64)
     mapping[rows] = cols
     return mapping
+
+
+def aligned_agreement(reference: np.ndarray, other: np.ndarray, num_clusters: int) -> float:
+    """The share of the N rows that ``other [N]`` puts in the cluster of ``reference [N]`` it is renamed to
+    (:func:`align_clusters`); 1 for the same partition under any naming."""
+    rename = align_clusters(reference, other, num_clusters)
+    return float(np.mean(rename[np.asarray(other, np.int64)] == np.asarray(reference, np.int64)))
 
 
 def medoid(clusterings: np.ndarray) -> int:
@@ -112,10 +121,11 @@ def jackknife_se(values: np.ndarray, subsets: list[tuple[int, ...]], seeds: list
 
 class Consensus(NamedTuple):
     """One (dataset, variant) over its seed subsets of one size, in points: ``single`` per-seed accuracies
-    ``{seed: acc}``, and per subset (``subsets``, seed tuples) the ``pick`` (medoid run), the ``vote`` and the
-    ``members`` (mean of its runs)."""
+    ``{seed: acc}``, ``agreement`` (share of rows, :func:`aligned_agreement`, mean over pairs of seeds), and per subset
+    (``subsets``, seed tuples) the ``pick`` (medoid run), the ``vote`` and the ``members`` (mean of its runs)."""
 
     single: dict[int, float]
+    agreement: float
     subsets: list[tuple[int, ...]]
     pick: np.ndarray
     vote: np.ndarray
@@ -130,14 +140,17 @@ def consensus(y_true: np.ndarray, num_known: int, num_novel: int, cells: dict[in
     seeds = sorted(cells)
     single = {s: novel_accuracy(y_true, np.asarray(cells[s]["test_pred"]), num_known) for s in seeds}
     subsets = list(itertools.combinations(seeds, size))
+    train = {s: np.asarray(cells[s]["novel_train_pred"], np.int64) for s in seeds}
+    agreement = float(np.mean([aligned_agreement(train[a], train[b], num_novel)
+                               for a, b in itertools.combinations(seeds, 2)]))
     pick, voted, members = [], [], []
     for sub in subsets:
-        train = np.stack([cells[s]["novel_train_pred"] for s in sub])
-        pick.append(single[sub[medoid(train)]])
+        clusterings = np.stack([train[s] for s in sub])
+        pick.append(single[sub[medoid(clusterings)]])
         preds = np.stack([cells[s]["test_pred"] for s in sub])
-        voted.append(novel_accuracy(y_true, vote(preds, train, num_known, num_novel), num_known))
+        voted.append(novel_accuracy(y_true, vote(preds, clusterings, num_known, num_novel), num_known))
         members.append(np.mean([single[s] for s in sub]))
-    return Consensus(single, subsets, np.array(pick), np.array(voted), np.array(members))
+    return Consensus(single, agreement, subsets, np.array(pick), np.array(voted), np.array(members))
 
 
 def row(dataset: str, variant: str, c: Consensus, size: int) -> str:
@@ -145,7 +158,7 @@ def row(dataset: str, variant: str, c: Consensus, size: int) -> str:
     single = np.array(list(c.single.values()))
     gain = c.vote - c.members
     seeds = sorted(c.single)
-    return (f"| {dataset} | {variant} | {len(seeds)} | {size} ({len(c.subsets)}) | {single.mean():.1f} ± "
+    return (f"| {dataset} | {variant} | {len(seeds)} | {c.agreement:.2f} | {size} ({len(c.subsets)}) | {single.mean():.1f} ± "
             f"{single.std():.1f} | {c.pick.mean():.1f} ± {c.pick.std():.1f} | {c.vote.mean():.1f} ± {c.vote.std():.1f} | "
             f"{gain.mean():+.1f} ({jackknife_se(gain, c.subsets, seeds):.1f}) |")
 
@@ -164,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_table_argument(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
-    print("| dataset | method | seeds | M (subsets) | single run | pick (medoid) | vote | vote − members (SE) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| dataset | method | seeds | two seeds agree (aligned) | M (subsets) | single run | pick (medoid) | vote "
+          "| vote − members (SE) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     gaps = []
     for dataset in args.datasets:
         num_known, num_novel, _, _ = read_class_summary(tables[dataset])
@@ -175,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = quality.read_cells(args.results, dataset, variant, args.seeds, holdout_view=args.holdout_view)
             cells = {s: c for s, c in cells.items() if "test_pred" in c and "novel_train_pred" in c}
             if len(cells) <= args.size:
-                print(f"| {dataset} | {variant} | {len(cells)} | {args.size} | (needs more than M seeds with "
+                print(f"| {dataset} | {variant} | {len(cells)} | | {args.size} | (needs more than M seeds with "
                       "test_pred and novel_train_pred) | | | |")
                 continue
             found[variant] = consensus(y_true, num_known, num_novel, cells, args.size)

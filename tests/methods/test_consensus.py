@@ -22,6 +22,8 @@ def test_alignment_recovers_a_renaming_of_the_clusters_without_labels():
     mapping = consensus.align_clusters(reference, other, 6)
     assert sorted(mapping) == list(range(6))
     assert (mapping[renaming] == np.arange(6)).all()
+    assert consensus.aligned_agreement(reference, renaming[reference], 6) == 1.0
+    assert consensus.aligned_agreement(reference, other, 6) == pytest.approx(np.mean(mapping[other] == reference))
 
 
 def test_the_medoid_is_the_clustering_the_others_agree_with():
@@ -111,8 +113,9 @@ def test_the_command_prints_each_variant_and_the_fair_gap_from_the_cells(tmp_pat
         quality.cell_path(tmp_path, "fashion-cached", "uno", seed, None).write_text(json.dumps(uno))
     assert consensus.main([*argv, "--variants", "ncdlr", "uno", "--size", "2", "--gap", "ncdlr", "uno"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[2] == "| fashion-cached | ncdlr | 3 | 2 (3) | 100.0 ± 0.0 | 100.0 ± 0.0 | 100.0 ± 0.0 | +0.0 (0.0) |"
-    assert out[3].startswith("| fashion-cached | uno | 3 | 2 (3) | 66.7 ± 23.6 |")
+    assert out[2] == ("| fashion-cached | ncdlr | 3 | 1.00 | 2 (3) | 100.0 ± 0.0 | 100.0 ± 0.0 | 100.0 ± 0.0 "
+                      "| +0.0 (0.0) |")
+    assert out[3].startswith("| fashion-cached | uno | 3 | 0.67 | 2 (3) | 66.7 ± 23.6 |")  # pairs: ½, ½, 1
     gap = [line for line in out if line.startswith("| fashion-cached | +")]
     assert len(gap) == 1 and gap[0].endswith("| +33.3 | 3 |")
     assert consensus.main([*argv, "--variants", "ncdlr", "--size", "3"]) == 0
