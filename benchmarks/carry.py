@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print A − B of each reading, paired over the seeds both have, with its SE")
     parser.add_argument("--groups", action="store_true", help="also each reading over the head / medium / tail "
                         "novel classes (3:4:3 by training count)")
-    parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
-    quality.add_table_argument(parser)
+    quality.add_cell_arguments(parser, holdout_view=False)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
     print("| dataset | method | seeds | " + " | ".join(READINGS) + " | seen → unseen crop | unseen crop → image | "

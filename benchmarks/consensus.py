@@ -158,9 +158,10 @@ def row(dataset: str, variant: str, c: Consensus, size: int) -> str:
     single = np.array(list(c.single.values()))
     gain = c.vote - c.members
     seeds = sorted(c.single)
-    return (f"| {dataset} | {variant} | {len(seeds)} | {c.agreement:.2f} | {size} ({len(c.subsets)}) | {single.mean():.1f} ± "
-            f"{single.std():.1f} | {c.pick.mean():.1f} ± {c.pick.std():.1f} | {c.vote.mean():.1f} ± {c.vote.std():.1f} | "
-            f"{gain.mean():+.1f} ({jackknife_se(gain, c.subsets, seeds):.1f}) |")
+    return (f"| {dataset} | {variant} | {len(seeds)} | {c.agreement:.2f} | {size} ({len(c.subsets)}) "
+            f"| {single.mean():.1f} ± {single.std():.1f} | {c.pick.mean():.1f} ± {c.pick.std():.1f} "
+            f"| {c.vote.mean():.1f} ± {c.vote.std():.1f} "
+            f"| {gain.mean():+.1f} ({jackknife_se(gain, c.subsets, seeds):.1f}) |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=5, help="M, the runs combined (every subset of M seeds)")
     parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print vote(A) − vote(B) on the same seed "
                         "subsets, with its jackknife SE")
-    parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
-    parser.add_argument("--holdout-view", action="store_true",
-                        help="read the cells of `quality.py --holdout-view` (*-hv.json) instead of the plain ones")
-    quality.add_table_argument(parser)
+    quality.add_cell_arguments(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
     print("| dataset | method | seeds | two seeds agree (aligned) | M (subsets) | single run | pick (medoid) | vote "
@@ -197,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(row(dataset, variant, found[variant], args.size))
         if args.gap and all(v in found for v in args.gap):
             a, b = (found[v] for v in args.gap)
-            common = [sub for sub in a.subsets if sub in set(b.subsets)]
-            diff = np.array([a.vote[a.subsets.index(s)] - b.vote[b.subsets.index(s)] for s in common])
+            b_vote = dict(zip(b.subsets, b.vote))
+            common = [sub for sub in a.subsets if sub in b_vote]
+            diff = np.array([v - b_vote[sub] for sub, v in zip(a.subsets, a.vote) if sub in b_vote])
             seeds = sorted(set(itertools.chain.from_iterable(common)))
             gaps.append(f"| {dataset} | {diff.mean():+.1f} ({jackknife_se(diff, common, seeds):.1f}) | "
                         f"{np.mean([a.single[s] - b.single[s] for s in seeds]):+.1f} | {len(common)} |")

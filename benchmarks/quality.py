@@ -192,6 +192,16 @@ def add_table_argument(parser: argparse.ArgumentParser) -> None:
                              f"not the default folder: {', '.join(f'{k}={v}' for k, v in CACHED.items())}")
 
 
+def add_cell_arguments(parser: argparse.ArgumentParser, holdout_view: bool = True) -> None:
+    """The flags of the scripts that read this script's cells (seed_spread.py, carry.py, consensus.py): ``--results``,
+    ``--holdout-view`` (unless ``holdout_view`` is False) and ``--table`` (:func:`add_table_argument`)."""
+    parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
+    if holdout_view:
+        parser.add_argument("--holdout-view", action="store_true",
+                            help="read the cells of `quality.py --holdout-view` (*-hv.json) instead of the plain ones")
+    add_table_argument(parser)
+
+
 def parsed_tables(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
     """:func:`activation_tables` of ``args.table``; a bad item ends the script with the parser's usage error."""
     try:

@@ -247,10 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", action="store_true", help="also print the sizes of the novel clusters on the "
                         "novel training rows (label-free): clusters holding no row, largest / smallest non-empty")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
-    parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
-    parser.add_argument("--holdout-view", action="store_true",
-                        help="read the cells of `quality.py --holdout-view` (*-hv.json) instead of the plain ones")
-    quality.add_table_argument(parser)
+    quality.add_cell_arguments(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
