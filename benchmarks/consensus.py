@@ -47,13 +47,14 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import quality  # noqa: E402  (the cell paths and the datasets' tables)
 
 from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
-from ncdlr.metrics import correct_under_matching  # noqa: E402
+from ncdlr.metrics import cluster_accuracy  # noqa: E402
 
 
 def align_clusters(reference: np.ndarray, other: np.ndarray, num_clusters: int) -> np.ndarray:
     """``[Ku]``: for each cluster id of ``other``, the id of ``reference`` it is matched to — the Hungarian matching
     that maximises the rows both put together (``reference``, ``other``: ``[N]`` cluster ids ``0..Ku-1`` of the same
-    N rows). A permutation of ``0..Ku-1``; label-free."""
+    N rows). A permutation of ``0..Ku-1``, so that a cluster no training row fell in is renamed too (which
+    :func:`ncdlr.metrics.hungarian_mapping`, a dict over the ids present, would leave out); label-free."""
     overlap = np.zeros((num_clusters, num_clusters), dtype=np.int64)
     np.add.at(overlap, (np.asarray(other, np.int64), np.asarray(reference, np.int64)), 1)
     rows, cols = linear_sum_assignment(overlap, maximize=True)
@@ -69,24 +70,32 @@ def aligned_agreement(reference: np.ndarray, other: np.ndarray, num_clusters: in
     return float(np.mean(rename[np.asarray(other, np.int64)] == np.asarray(reference, np.int64)))
 
 
-def medoid(clusterings: np.ndarray) -> int:
-    """The index of the clustering (a row of ``clusterings [M, N]``, ``M ≥ 2``) with the highest mean adjusted Rand
-    index to the others; the first of equals."""
+def agreement_matrix(clusterings: np.ndarray) -> np.ndarray:
+    """``[M, M]``: the adjusted Rand index between every two rows of ``clusterings [M, N]``, 0 on the diagonal."""
     m = len(clusterings)
     agreement = np.zeros((m, m))
     for i, j in itertools.combinations(range(m), 2):
         agreement[i, j] = agreement[j, i] = adjusted_rand_score(clusterings[i], clusterings[j])
+    return agreement
+
+
+def medoid(clusterings: np.ndarray | None = None, agreement: np.ndarray | None = None) -> int:
+    """The index of the clustering (a row of ``clusterings [M, N]``, ``M ≥ 2``) with the highest mean adjusted Rand
+    index to the others; the first of equals. ``agreement [M, M]`` (:func:`agreement_matrix`), when given, is used
+    instead of ``clusterings``."""
+    agreement = agreement_matrix(clusterings) if agreement is None else agreement
     return int(np.argmax(agreement.sum(1)))
 
 
-def vote(test_preds: np.ndarray, novel_train: np.ndarray, num_known: int, num_novel: int) -> np.ndarray:
+def vote(test_preds: np.ndarray, novel_train: np.ndarray, num_known: int, num_novel: int,
+         reference: int | None = None) -> np.ndarray:
     """``[N]`` the consensus prediction over all ``K = Ks + Ku`` columns of ``M`` runs: ``test_preds [M, N]`` their
     predictions (known columns ``0..Ks-1``, novel ``Ks..K-1``), ``novel_train [M, N']`` their novel cluster ids
     (``0..Ku-1``) of the same novel training rows. Each run's novel columns are renamed to the medoid's
     (:func:`medoid`, :func:`align_clusters`), known columns kept; each image takes the most frequent column, a tie
-    going to the medoid's own prediction."""
+    going to the medoid's own prediction. ``reference``: the medoid's index, when the caller has it already."""
     test_preds, novel_train = np.asarray(test_preds, np.int64), np.asarray(novel_train, np.int64)
-    ref = medoid(novel_train)
+    ref = medoid(novel_train) if reference is None else reference
     aligned = test_preds.copy()
     for j in range(len(test_preds)):
         rename = np.concatenate([np.arange(num_known), num_known + align_clusters(novel_train[ref], novel_train[j],
@@ -99,9 +108,9 @@ def vote(test_preds: np.ndarray, novel_train: np.ndarray, num_known: int, num_no
 
 
 def novel_accuracy(y_true: np.ndarray, pred: np.ndarray, num_known: int) -> float:
-    """Test novel class-mean accuracy (%) of ``pred [N]`` under the one Hungarian matching over all classes."""
-    correct = correct_under_matching(y_true, pred)
-    return 100.0 * float(np.mean([correct[y_true == c].mean() for c in np.unique(y_true) if c >= num_known]))
+    """Test novel class-mean accuracy (%) of ``pred [N]`` under the one Hungarian matching over all classes (the
+    headline's :func:`ncdlr.metrics.cluster_accuracy`)."""
+    return 100.0 * cluster_accuracy(y_true, pred, num_known)["novel"]
 
 
 def jackknife_se(values: np.ndarray, subsets: list[tuple[int, ...]], seeds: list[int]) -> float:
@@ -141,14 +150,18 @@ def consensus(y_true: np.ndarray, num_known: int, num_novel: int, cells: dict[in
     single = {s: novel_accuracy(y_true, np.asarray(cells[s]["test_pred"]), num_known) for s in seeds}
     subsets = list(itertools.combinations(seeds, size))
     train = {s: np.asarray(cells[s]["novel_train_pred"], np.int64) for s in seeds}
+    ari = agreement_matrix(np.stack([train[s] for s in seeds]))  # once: every subset's medoid reads its block
+    index = {s: i for i, s in enumerate(seeds)}
     agreement = float(np.mean([aligned_agreement(train[a], train[b], num_novel)
                                for a, b in itertools.combinations(seeds, 2)]))
     pick, voted, members = [], [], []
     for sub in subsets:
+        rows = [index[s] for s in sub]
+        ref = medoid(agreement=ari[np.ix_(rows, rows)])
+        pick.append(single[sub[ref]])
         clusterings = np.stack([train[s] for s in sub])
-        pick.append(single[sub[medoid(clusterings)]])
         preds = np.stack([cells[s]["test_pred"] for s in sub])
-        voted.append(novel_accuracy(y_true, vote(preds, clusterings, num_known, num_novel), num_known))
+        voted.append(novel_accuracy(y_true, vote(preds, clusterings, num_known, num_novel, ref), num_known))
         members.append(np.mean([single[s] for s in sub]))
     return Consensus(single, agreement, subsets, np.array(pick), np.array(voted), np.array(members))
 
