@@ -406,6 +406,12 @@ def head_diagnosis(run, splits: FeatureSplits) -> dict | None:
 SELECT_CANDIDATES, SELECT_DRAWS, SELECT_FRACTION = (UNIFORM, 0.15, 0.5, 1.5), 3, 0.5
 
 
+#: ``--select-problem``: the validation problem of a ``--select-setting`` rehearsal — ``known`` (the pseudo-novel
+#: classes alone, :data:`SELECT_FRACTION` of the known classes) or ``planted`` (:data:`PLANTED_FRACTION` of them planted
+#: in the real unlabeled pool, :func:`ncdlr.service.validation.planted_splits`; its pool score is their F1)
+SELECT_PROBLEMS, PLANTED_FRACTION = ("known", "planted"), 0.2
+
+
 #: ``--select-score``: which score of a ``--select-setting`` rehearsal makes its choice — ``val`` (the held-out
 #: images of the pseudo-novel classes) or ``pool`` (the pseudo-novel rows each run clustered; POOL_SPLIT)
 SELECT_SCORES = ("val", "pool")
@@ -476,7 +482,8 @@ def rehearsal_candidates(what: str) -> tuple[str, dict[object, dict[str, object]
 
 
 def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, epochs: int | None, what: str,
-                      draws: int = SELECT_DRAWS, replicates: Sequence[int] = (0,), score: str = "val") -> dict:
+                      draws: int = SELECT_DRAWS, replicates: Sequence[int] = (0,), score: str = "val",
+                      problem: str = "known") -> dict:
     """The dataset's known-class rehearsal of ``--select-setting what`` (:func:`rehearsal_candidates`; the dataset's
     config, seed 0, ``draws`` draws of :data:`SELECT_FRACTION` pseudo-novel classes), each of ``replicates`` (other
     training seeds on the same draws) cached as its own file (:func:`selection_path`), so replicates can run in
@@ -486,14 +493,20 @@ def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, ep
 
     The choice (under :func:`choice_field`, e.g. ``known_warmup_epochs``) is derived again on every read
     (:func:`choose_candidate`) from the ``score`` of each draw averaged over the replicates; the answer also holds
-    ``per_replicate`` = ``{replicate: {score: {candidate: [per draw]}}}`` for benchmarks/rehearsal_noise.py."""
-    if score not in SELECT_SCORES:
-        raise ValueError(f"score must be one of {SELECT_SCORES}, got {score!r}")
+    ``per_replicate`` = ``{replicate: {score: {candidate: [per draw]}}}`` for benchmarks/rehearsal_noise.py.
+
+    ``problem="planted"`` rehearses on planted problems instead (:data:`SELECT_PROBLEMS`), cached as
+    select-<what>-planted-<dataset>.json; its ``pool`` score is the planted classes' F1 in the real pool."""
+    if score not in SELECT_SCORES or problem not in SELECT_PROBLEMS:
+        raise ValueError(f"score must be one of {SELECT_SCORES} and problem one of {SELECT_PROBLEMS}, got {score!r}, "
+                         f"{problem!r}")
+    planted = problem == "planted"
+    fraction = PLANTED_FRACTION if planted else SELECT_FRACTION
     key, candidates, default = rehearsal_candidates(what)
     by_name = {str(candidate): candidate for candidate in candidates}
     per_replicate, seconds = {}, 0.0
     for replicate in replicates:
-        path = selection_path(root, dataset, epochs, what, replicate)
+        path = selection_path(root, dataset, epochs, f"{what}-planted" if planted else what, replicate)
         cached = json.loads(path.read_text()) if path.is_file() else {"per_draw": {}, "draws": 0, "seconds": 0.0,
                                                                        "per_draw_pool": {}}
         if cached["draws"] < draws:
@@ -501,11 +514,11 @@ def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, ep
                 raise SystemExit(f"{path.name} holds {cached['draws']} of {draws} draws and no data was loaded")
             start, per_draw, pool = time.perf_counter(), {}, {}
             select_edits(dataset_config(dataset, epochs), splits, candidates, default,
-                         draws=draws - cached["draws"], pseudo_novel_fraction=SELECT_FRACTION, per_draw=per_draw,
-                         first_draw=cached["draws"], replicate=replicate, pool=pool)
-            record = {"dataset": dataset, "key": key, "replicate": replicate, "draws": draws,
+                         draws=draws - cached["draws"], pseudo_novel_fraction=fraction, per_draw=per_draw,
+                         first_draw=cached["draws"], replicate=replicate, pool=pool, planted=planted)
+            record = {"dataset": dataset, "key": key, "replicate": replicate, "draws": draws, "problem": problem,
                       "per_draw": {str(k): cached["per_draw"].get(str(k), []) + v for k, v in per_draw.items()},
-                      "pseudo_novel_fraction": SELECT_FRACTION,
+                      "pseudo_novel_fraction": fraction,
                       "seconds": cached.get("seconds", 0.0) + time.perf_counter() - start}
             if "per_draw_pool" in cached:  # pool scores are kept only while they cover every draw
                 record["per_draw_pool"] = {str(k): cached["per_draw_pool"].get(str(k), []) + v
@@ -522,7 +535,7 @@ def setting_selection(root: Path, dataset: str, splits: FeatureSplits | None, ep
     per_draw = {candidate: np.mean([per_replicate[r][score][candidate] for r in replicates], axis=0).tolist()
                 for candidate in candidates}
     return {"dataset": dataset, "key": key, choice_field(what): choose_candidate(per_draw, default), "draws": draws,
-            "replicates": list(replicates), "score": score, "per_draw": per_draw, "seconds": seconds,
+            "replicates": list(replicates), "score": score, "problem": problem, "per_draw": per_draw, "seconds": seconds,
             "scores": {k: float(np.mean(v)) for k, v in per_draw.items()}, "per_replicate": per_replicate}
 
 
@@ -673,6 +686,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-score", choices=SELECT_SCORES, default="val",
                         help="the score a --select-setting rehearsal chooses on: val (held-out images of the "
                              "pseudo-novel classes, default) or pool (the pseudo-novel rows each run clustered)")
+    parser.add_argument("--select-problem", choices=SELECT_PROBLEMS, default="known",
+                        help="the validation problem of a --select-setting rehearsal: known (half the known classes "
+                             f"made pseudo-novel, alone; default) or planted ({PLANTED_FRACTION:.0%} of them planted in "
+                             "the real unlabeled pool, whose labels are never read; choose on its pool score, the "
+                             "planted classes' F1, with --select-score pool)")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     parser.add_argument("--holdout-view", action="store_true",
@@ -723,8 +741,10 @@ def main(argv: list[str] | None = None) -> int:
             key = rehearsal_candidates(what)[0]
             replicates = args.select_only_replicates or range(args.select_replicates)
             done = setting_selection(args.results, dataset, fixed if fixed is not None else synthetic_splits(0),
-                                     args.epochs, what, args.select_draws, replicates, args.select_score)
-            print(f"[{dataset}] {what} rehearsal ({args.select_score} score, replicates {done['replicates']}): "
+                                     args.epochs, what, args.select_draws, replicates, args.select_score,
+                                     args.select_problem)
+            print(f"[{dataset}] {what} rehearsal ({args.select_problem} problem, {args.select_score} score, "
+                  f"replicates {done['replicates']}): "
                   f"{key} = {done[choice_field(what)]} (per draw: {done['per_draw']}; {done['seconds']:.0f} s)",
                   flush=True)
         for seed in range(args.seeds):

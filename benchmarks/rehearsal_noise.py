@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicates", type=int, default=1, help="replicates 0..N-1 (default 1)")
     parser.add_argument("--challenger", default=None,
                         help="the candidate compared with the default (default: the last candidate)")
+    parser.add_argument("--problem", choices=quality.SELECT_PROBLEMS, default="known",
+                        help="read the rehearsals of this validation problem (quality.py --select-problem; planted: "
+                             "the pool score is the planted classes' F1)")
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"))
     args = parser.parse_args(argv)
@@ -131,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     if str(challenger) not in names or names[str(challenger)] == default:
         parser.error(f"--challenger must be a candidate other than the default {default!r}: one of {list(names)}")
     challenger = names[str(challenger)]
-    print(f"{args.what}: {challenger} − {default}, pseudo-novel class-mean accuracy (points)")
+    print(f"{args.what} ({args.problem} problem): {challenger} − {default}, pseudo-novel class-mean accuracy "
+          f"(points){'; pool: planted F1 × 100' if args.problem == 'planted' else ''}")
     for dataset in args.datasets:
         selection = quality.setting_selection(args.results, dataset, None, args.epochs, args.what, args.draws,
-                                              range(args.replicates))
+                                              range(args.replicates), problem=args.problem)
         print(f"[{dataset}] ({selection['seconds']:.0f} s of training)")
         print("\n".join(report(selection, default, challenger)))
     return 0

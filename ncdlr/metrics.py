@@ -46,6 +46,41 @@ def correct_under_matching(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[
     return np.array([mapping.get(int(p), -1) for p in np.asarray(y_pred)], dtype=np.int64) == y_true
 
 
+def planted_f1(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray,
+               classes: Sequence[int]) -> dict[int, float]:
+    """How well each *planted* class is found among clusters whose other rows carry no label.
+
+    For a class ``c`` with rows ``R_c`` and a predicted cluster ``k`` of ``|k|`` rows (every row of ``y_pred``
+    counts, labelled or not), ``F1(c, k) = 2·|R_c ∩ k| / (|R_c| + |k|)``: the harmonic mean of the share of the
+    class in the cluster (recall) and of the cluster in the class (precision). A class split over several
+    clusters loses recall; one merged into a larger cluster, or a cluster that swallowed much else, loses
+    precision — the two failures a one-to-one matching over all classes would also punish, measured here
+    without the labels of the other rows.
+
+    Args:
+        y_true: ``[N]`` a label for the rows of the planted classes, anything else (e.g. ``-1``) for the rest.
+        y_pred: ``[N]`` predicted cluster of every row.
+        classes: the planted class ids to score (each must have a row).
+
+    Returns:
+        ``{c: max_k F1(c, k)}`` in [0, 1].
+    """
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    if y_true.shape != y_pred.shape or y_true.ndim != 1:
+        raise ValueError(f"y_true and y_pred must be 1-D of equal length, got {y_true.shape} and {y_pred.shape}")
+    pred_ids, pred_idx = np.unique(y_pred, return_inverse=True)
+    sizes = np.bincount(pred_idx, minlength=len(pred_ids))
+    out = {}
+    for c in classes:
+        rows = y_true == c
+        if not rows.any():
+            raise ValueError(f"planted class {c} has no row")
+        overlap = np.bincount(pred_idx[rows], minlength=len(pred_ids))
+        out[int(c)] = float((2.0 * overlap / (rows.sum() + sizes)).max())
+    return out
+
+
 def cluster_accuracy(
     y_true: Sequence[int] | np.ndarray,
     y_pred: Sequence[int] | np.ndarray,

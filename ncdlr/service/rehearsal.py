@@ -22,6 +22,11 @@ again on the same draws with other training seeds (:func:`replicate_seed`), and 
 (:data:`POOL_SPLIT`) reads each run's clustering of the pseudo-novel rows it trained on without their labels
 (the transductive score of the NCD literature: about four times the pseudo-novel rows ``val`` scores, but
 rows the run has seen).
+
+A rehearsal may also *plant* its pseudo-novel classes in the real unlabeled pool (``planted=True``:
+:func:`ncdlr.service.validation.planted_splits`), so every candidate trains on the real pool's sizes and number
+of clusters; its pool score is then the planted classes' F1 against the clusters of the whole pool
+(:func:`ncdlr.service.validation.planted_scores`), since the real rows beside them carry no label.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from ncdlr.method_settings import GAMMA_UNIFORM
 
 from .config import Config
 from .local import TrainedRun, embed, train
-from .validation import SCORING_SPLIT, ValidationConfig, validation_scores, validation_splits
+from .validation import (SCORING_SPLIT, ValidationConfig, ValidationSplit, planted_scores, planted_splits,
+                         validation_scores, validation_splits)
 
 
 #: the γ/Ku a rehearsal keeps unless another candidate is measurably better (configs/openclipart.yaml: gamma_per_cluster 0.5)
@@ -83,6 +89,13 @@ def rehearsal_score(run: TrainedRun, validation: FeatureSplits, split: str = SCO
                              validation.num_known, validation.train_counts())["score"]
 
 
+def planted_score(run: TrainedRun, problem: FeatureSplits, info: ValidationSplit) -> float:
+    """The pool score of ``run`` on a planted problem (:func:`~ncdlr.service.validation.planted_splits`): the
+    planted classes' mean F1 against its clusters of all the ``novel`` training rows (view 0, argmax over all K)."""
+    logits = run.method.predict_logits(run.model, embed(run.model, problem.features[POOL_SPLIT]))
+    return planted_scores(problem.labels[POOL_SPLIT].numpy(), logits.argmax(1).numpy(), info)["score"]
+
+
 def replicate_seed(cfg: Config, replicate: int) -> int:
     """The training seed of replicate ``replicate`` of a rehearsal of ``cfg`` (replicate 0: ``run.seed`` itself)."""
     if replicate < 0:
@@ -123,7 +136,7 @@ def select_gamma(cfg: Config, splits: FeatureSplits, gamma_per_cluster: tuple[fl
 def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Candidate], draws: int = 1,
              pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
              first_draw: int = 0, replicate: int = 0,
-             pool: dict[Hashable, list[float]] | None = None) -> dict[Hashable, list[float]]:
+             pool: dict[Hashable, list[float]] | None = None, planted: bool = False) -> dict[Hashable, list[float]]:
     """Each candidate's pseudo-novel score on each validation draw: ``{key: [score of draw first_draw, the next, …]}``
     (``draws`` of them; a later ``first_draw`` extends an earlier rehearsal with new draws).
 
@@ -131,23 +144,27 @@ def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, C
     trains on it from ``cfg`` scaled to its size (:func:`trial_config`) and edited by ``candidates[key](trial,
     Ku')``, with the training seed of ``replicate`` (:func:`replicate_seed`), and is scored by
     :func:`rehearsal_score` on ``val``. ``pool``, when given, is filled the same way with the pool score
-    (:data:`POOL_SPLIT`) of the same runs. Cost: ``len(candidates) · draws`` trainings.
+    (:data:`POOL_SPLIT`) of the same runs. ``planted``: draw ``d`` is instead the planted problem of that seed
+    (:func:`~ncdlr.service.validation.planted_splits`, the real pool beside the pseudo-novel classes, so no scaling)
+    and ``pool`` gets :func:`planted_score`. Cost: ``len(candidates) · draws`` trainings.
     """
     if draws < 1 or first_draw < 0:
         raise ValueError(f"draws must be at least 1 and first_draw at least 0, got {draws}, {first_draw}")
     seed = replicate_seed(cfg, replicate)
     by_draw: dict[Hashable, list[float]] = {key: [] for key in candidates}
     for draw in range(first_draw, first_draw + draws):
-        validation, info = validation_splits(
+        problem = planted_splits if planted else validation_splits
+        validation, info = problem(
             splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
         for key, edit in candidates.items():
             trial = trial_config(cfg, splits, validation)
             trial.run.seed = seed
-            edit(trial, info.num_novel)
+            edit(trial, validation.num_novel)
             run = train(trial, validation)
             by_draw[key].append(rehearsal_score(run, validation))
             if pool is not None:
-                pool.setdefault(key, []).append(rehearsal_score(run, validation, POOL_SPLIT))
+                pool.setdefault(key, []).append(planted_score(run, validation, info) if planted
+                                                else rehearsal_score(run, validation, POOL_SPLIT))
     return by_draw
 
 
@@ -172,7 +189,7 @@ def one_key_edits(key: str, values: Sequence) -> dict[object, dict[str, object]]
 def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Mapping[str, object]], default,
                  draws: int = 3, pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
                  per_draw: dict | None = None, margin_se: float = 2.0, first_draw: int = 0, replicate: int = 0,
-                 pool: dict | None = None) -> tuple[object, dict]:
+                 pool: dict | None = None, planted: bool = False) -> tuple[object, dict]:
     """Which of several named config edits the known-class rehearsal supports (on ``draws`` validation draws from
     ``first_draw``: :func:`rehearse`).
 
@@ -181,7 +198,7 @@ def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashabl
     relaxed sizes). ``default`` (a name) stays unless another candidate beats it draw by draw by ``margin_se``
     standard errors (:func:`choose_candidate`); hence at least two draws. Returns ``(name, {name: mean score})``;
     ``per_draw`` is filled with ``{name: [score of each draw]}`` when given; ``replicate`` and ``pool`` as in
-    :func:`rehearse` (``pool`` filled with the pool scores of the same runs).
+    :func:`rehearse` (``pool`` filled with the pool scores of the same runs), and ``planted`` too.
     """
     fields = {}  # candidate → [(section, field, value)], each key parsed and checked once
     for candidate, edits in candidates.items():
@@ -199,7 +216,7 @@ def select_edits(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashabl
 
     by_draw = rehearse(cfg, splits, {candidate: (lambda trial, ku, changes=changes: edit(trial, ku, changes))
                                      for candidate, changes in fields.items()}, draws, pseudo_novel_fraction,
-                       first_draw, replicate, pool)
+                       first_draw, replicate, pool, planted)
     if per_draw is not None:
         per_draw.update(by_draw)
     return choose_candidate(by_draw, default, margin_se), {v: float(np.mean(s)) for v, s in by_draw.items()}

@@ -20,6 +20,13 @@ in-process rehearsal (:func:`ncdlr.service.rehearsal.select_gamma`, used by the 
 The score of a run on this problem is the class-mean accuracy over the pseudo-novel classes of ``val``
 (:func:`validation_scores`: ``cluster_accuracy(...)["novel"]``, one Hungarian matching over all classes,
 task-agnostic).
+
+A second problem, :func:`planted_splits`, *plants* the pseudo-novel classes in the real unlabeled pool instead of
+posing them alone: its ``novel`` split is the pseudo-novel training rows plus every real novel training row (their
+labels are never read), with ``Ku' + Ku`` clusters. The run then faces the real pool — its sizes, its long tail,
+its number of clusters — and the planted classes are the only ones it is scored on (:func:`planted_scores`). A
+problem of a few pseudo-novel classes alone is another problem when Ks is small (5 known classes leave 2 or 3
+pseudo-novel clusters where the real pool has 5).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch
 
 from ncdlr.data.features import (FeatureSplits, FeatureTableError, read_feature_table, read_metadata, write_feature_table,
                                  write_table_part)
-from ncdlr.metrics import cluster_accuracy, head_medium_tail
+from ncdlr.metrics import cluster_accuracy, head_medium_tail, planted_f1
 
 from .config import ConfigError
 
@@ -73,6 +80,7 @@ class ValidationSplit:
     target_num_known: int
     target_num_novel: int
     config: dict
+    unlabeled_rows: int = 0  #: real novel training rows in the ``novel`` split (:func:`planted_splits`)
 
     @property
     def num_known(self) -> int:
@@ -193,6 +201,58 @@ def validation_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationC
         metadata={**{k: v for k, v in splits.metadata.items() if k in CACHE_KEYS}, "validation": asdict(info)},
         activation_shape=splits.activation_shape)
     return validation, info
+
+
+def planted_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationConfig(), *,
+                   source: str = "feature splits") -> tuple[FeatureSplits, ValidationSplit]:
+    """The validation problem of :func:`validation_splits` with its pseudo-novel classes planted in the real pool.
+
+    Args:
+        splits: the real problem; reads what :func:`validation_splits` reads plus ``features["novel"]`` (and
+            ``source_ids["novel"]``). The novel labels are never read.
+
+    Returns:
+        ``(problem, info)``: as :func:`validation_splits`, but the ``novel`` split holds the pseudo-novel training
+        rows (labels ``Ks'..Ks'+Ku'-1``) followed by every real novel training row, and ``num_novel = Ku' + Ku``:
+        the run has clusters for both. The real rows carry the placeholder label ``Ks' + Ku'`` (a training loop
+        reads no novel label; a score must ignore them: :func:`planted_scores`); ``info.unlabeled_rows`` counts them.
+        ``val`` is unchanged: only held-out rows of known classes.
+
+    Raises:
+        FeatureTableError naming ``source`` for those of :func:`validation_splits` or no novel rows to plant in.
+    """
+    if "novel" not in splits.features or not len(splits.features["novel"]):
+        raise FeatureTableError(f"{source}: no rows with split 'novel' to plant the pseudo-novel classes in")
+    problem, info = validation_splits(splits, cfg, source=source)
+    real = splits.features["novel"]
+    if real.shape[1:] != problem.features["novel"].shape[1:]:
+        raise FeatureTableError(f"{source}: novel rows have shape {tuple(real.shape[1:])}, known rows "
+                                f"{tuple(problem.features['novel'].shape[1:])}")
+    placeholder = problem.num_known + problem.num_novel
+    ids = list(splits.source_ids.get("novel") or [f"novel-row-{i}" for i in range(len(real))])
+    problem.features["novel"] = torch.cat([problem.features["novel"], real])
+    problem.labels["novel"] = torch.cat([problem.labels["novel"],
+                                         torch.full((len(real),), placeholder, dtype=torch.int64)])
+    problem.source_ids["novel"] = problem.source_ids["novel"] + ids
+    problem.num_novel += splits.num_novel
+    problem.class_names = problem.class_names + [f"unlabeled-{j}" for j in range(splits.num_novel)]
+    info = ValidationSplit(**{**asdict(info), "unlabeled_rows": len(real),
+                              "split_counts": {**info.split_counts, "novel": len(problem.labels["novel"])}})
+    problem.metadata["validation"] = asdict(info)
+    return problem, info
+
+
+def planted_scores(y_novel: np.ndarray, pred_novel: np.ndarray, info: ValidationSplit) -> dict[str, float]:
+    """The score of a run on a planted problem, from its predictions ``[n]`` of the ``novel`` training rows ``[n]``
+    (labels as :func:`planted_splits` gave them; the real rows' placeholder is never a planted class).
+
+    ``score`` = mean over the planted classes of their best F1 against the predicted clusters of the whole pool
+    (:func:`ncdlr.metrics.planted_f1`): splitting a planted class, merging it into a larger cluster, and one
+    cluster swallowing the pool all lower it. ``score_min``: the worst planted class.
+    """
+    planted = range(info.num_known, info.num_known + info.num_novel)
+    f1 = planted_f1(y_novel, pred_novel, planted)
+    return {"score": float(np.mean(list(f1.values()))), "score_min": float(min(f1.values()))}
 
 
 #: what an activation cache's metadata says about its encoder; kept in a validation problem made from one
