@@ -83,3 +83,24 @@ def test_pseudo_label_sizes_count_the_empty_clusters_and_the_spread_of_the_other
     for bad in ([], [[1, 2]], [1, -1]):
         with pytest.raises(ValueError, match="non-negative counts"):
             pseudo_label_sizes(bad)
+
+
+def test_planted_f1_punishes_a_split_a_merge_and_a_swallowing_cluster_without_the_other_rows_labels():
+    """F1(c, k) = 2|R_c ∩ k| / (|R_c| + |k|), best cluster per class; rows labelled -1 count only in cluster sizes."""
+    from ncdlr.metrics import planted_f1
+
+    planted = np.array([7] * 4 + [8] * 4)
+    others = np.full(8, -1)  # the real pool: no labels
+    y_true = np.concatenate([planted, others])
+    alone = planted_f1(y_true, np.array([0] * 4 + [1] * 4 + [2] * 8), [7, 8])
+    assert alone == {7: 1.0, 8: 1.0}  # cluster ids are free: each class is its own cluster
+    split = planted_f1(y_true, np.array([0, 0, 5, 5] + [1] * 4 + [2] * 8), [7])
+    assert split[7] == pytest.approx(2 * 2 / (4 + 2))  # half the class in each of two clusters
+    merged = planted_f1(y_true, np.array([0] * 4 + [1] * 4 + [0] * 4 + [2] * 4), [7, 8])
+    assert merged[7] == pytest.approx(2 * 4 / (4 + 8)) and merged[8] == 1.0  # four unlabelled rows joined class 7
+    swallowed = planted_f1(y_true, np.zeros(16, dtype=int), [7, 8])
+    assert swallowed == {7: pytest.approx(8 / 20), 8: pytest.approx(8 / 20)}
+    with pytest.raises(ValueError, match="planted class 9 has no row"):
+        planted_f1(y_true, np.zeros(16, dtype=int), [9])
+    with pytest.raises(ValueError, match="equal length"):
+        planted_f1(y_true, np.zeros(3, dtype=int), [7])

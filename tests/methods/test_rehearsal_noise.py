@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from tests.fixtures.benchmarks import load_benchmark
 
@@ -89,3 +90,33 @@ def test_the_report_prints_both_scores_for_each_replicate_set(tmp_path, capsys):
     assert "correlation +1.00" in out
     with pytest.raises(SystemExit):
         noise.main(["--datasets", "synthetic", "--challenger", "held", "--results", str(tmp_path)])
+
+
+def test_a_planted_rehearsal_runs_end_to_end_into_its_own_cache_and_the_report_reads_it(tmp_path, capsys):
+    """``quality.py --select-problem planted``: the sizes rehearsal on planted problems (real trainings, 2 epochs,
+    2 draws) is cached beside the known-class one under its own name, its pool score (the planted F1) chooses, and
+    ``rehearsal_noise.py --problem planted`` reads it."""
+    quality = load_benchmark("quality")
+    threads = torch.get_num_threads()
+    try:
+        code = quality.main(["--datasets", "synthetic", "--seeds", "0", "--epochs", "2", "--select-setting",
+                             "uniform-sizes", "--select-problem", "planted", "--select-score", "pool",
+                             "--select-draws", "2", "--results", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0 and "planted problem, pool score" in capsys.readouterr().out
+    recorded = json.loads((tmp_path / "select-uniform-sizes-planted-synthetic-e2.json").read_text())
+    assert recorded["problem"] == "planted" and recorded["pseudo_novel_fraction"] == quality.PLANTED_FRACTION
+    assert not (tmp_path / "select-uniform-sizes-synthetic-e2.json").exists()
+    for field in ("per_draw", "per_draw_pool"):
+        assert all(len(v) == 2 and all(0 <= s <= 1 for s in v) for v in recorded[field].values())
+    assert recorded["per_draw_pool"] != recorded["per_draw"]
+    chosen = quality.setting_selection(tmp_path, "synthetic", None, 2, "uniform-sizes", 2, score="pool",
+                                       problem="planted")
+    assert chosen["problem"] == "planted" and chosen["uniform-sizes"] in ("held", "uniform-relaxed")
+    with pytest.raises(ValueError, match="problem one of"):
+        quality.setting_selection(tmp_path, "synthetic", None, 2, "uniform-sizes", 2, problem="alone")
+    noise = load_benchmark("rehearsal_noise")
+    assert noise.main(["--datasets", "synthetic", "--draws", "2", "--epochs", "2", "--problem", "planted",
+                       "--results", str(tmp_path)]) == 0
+    assert "(planted problem)" in capsys.readouterr().out

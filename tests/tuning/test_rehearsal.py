@@ -248,3 +248,40 @@ def test_the_pool_score_reads_a_trained_run_on_the_pseudo_novel_rows(one_torch_t
     assert 0.0 <= pool <= 1.0 and len(problem.labels[rehearsal.POOL_SPLIT]) > len(problem.labels[SCORING_SPLIT]) / 2
     assert set(problem.labels[rehearsal.POOL_SPLIT].tolist()) == set(range(info.num_known,
                                                                            info.num_known + info.num_novel))
+
+
+def test_a_planted_rehearsal_trains_on_the_real_pool_and_scores_the_planted_classes_f1(monkeypatch):
+    """``planted=True``: draw d is the planted problem of seed ``run.seed + d`` (the real novel rows beside the
+    pseudo-novel ones, no batch scaling since the pool is larger than the real one), candidates see Ku' + Ku
+    clusters, and ``pool`` is filled with :func:`~ncdlr.service.rehearsal.planted_score` of each run."""
+    from ncdlr.service.validation import planted_splits
+
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    trained, kus = [], []
+    monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: trained.append(
+        (trial_cfg.data.batch_size, trained_on)) or "run")
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda run, problem, split=SCORING_SPLIT: 0.25)
+    monkeypatch.setattr(rehearsal, "planted_score", lambda run, problem, info: info.num_novel / 100)
+    pool = {}
+    scores = rehearsal.rehearse(cfg, splits, {"only": lambda trial, ku: kus.append(ku)}, draws=2,
+                                pseudo_novel_fraction=0.5, pool=pool, planted=True)
+    assert scores == {"only": [0.25, 0.25]}
+    for draw, (batch, problem) in enumerate(trained):
+        expected, info = planted_splits(splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=0.5))
+        assert batch == cfg.data.batch_size and problem.num_novel == info.num_novel + KU == kus[draw]
+        assert torch.equal(problem.features["novel"], expected.features["novel"])
+        assert pool["only"][draw] == info.num_novel / 100
+
+
+def test_the_planted_score_reads_a_trained_run_on_the_whole_pool(one_torch_thread):
+    """The real score on a real run: the planted classes' F1 against the run's clusters of every novel row."""
+    from ncdlr.service.validation import planted_scores, planted_splits
+
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    problem, info = planted_splits(splits, ValidationConfig(seed=0, pseudo_novel_fraction=0.5))
+    run = rehearsal.train(cfg, problem)
+    logits = run.method.predict_logits(run.model, rehearsal.embed(run.model, problem.features["novel"]))
+    assert logits.shape[1] == problem.num_known + problem.num_novel == KS + KU
+    score = rehearsal.planted_score(run, problem, info)
+    assert 0.0 < score <= 1.0
+    assert score == planted_scores(problem.labels["novel"].numpy(), logits.argmax(1).numpy(), info)["score"]

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+from ncdlr.data.features import (FeatureSplits, FeatureTableError, read_feature_table, synthetic_features,
+                                 write_feature_table)
 from ncdlr.data.storage import ObjectNotFoundError
 from ncdlr.metrics import head_medium_tail
 from ncdlr.service.validation import (
@@ -19,6 +20,8 @@ from ncdlr.service.validation import (
     build_validation_table,
     choose_pseudo_novel,
     holdout_mask,
+    planted_scores,
+    planted_splits,
     read_validation_split,
     validation_scores,
     validation_splits,
@@ -104,6 +107,56 @@ def test_in_memory_splits_need_only_the_known_rows(source_table):
     validation, info = validation_splits(only_known)
     assert info.target_num_novel == 10 and sum(info.split_counts.values()) == len(known.labels["known"])
     assert sorted(validation.features) == ["known", "novel", SCORING_SPLIT]
+
+
+def unlabeled_pool() -> tuple[FeatureSplits, int]:
+    """10 known + 10 novel long-tailed classes in memory; the novel rows come *without labels*."""
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=8, n_max=60, ratio=10, test_per_class=4, seed=1)
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    known, novel = torch.as_tensor(s == "known"), torch.as_tensor(s == "novel")
+    ids = {"known": [f"k-{i}" for i in range(int(known.sum()))], "novel": [f"n-{i}" for i in range(int(novel.sum()))]}
+    return FeatureSplits({"known": x[known], "novel": x[novel]}, {"known": y[known]}, 10, 10,
+                         [str(c) for c in range(20)], source_ids=ids), int(novel.sum())
+
+
+def test_a_planted_problem_puts_the_pseudo_novel_rows_in_the_real_pool_without_reading_a_novel_label():
+    """planted_splits: the validation problem of the same seed, its ``novel`` split followed by every real novel
+    training row under one placeholder label, with clusters for both (Ku' + Ku); ``val`` and ``known`` unchanged.
+    The novel labels are absent from the splits given, so a reader of them would fail."""
+    splits, real = unlabeled_pool()
+    alone, _ = validation_splits(splits, ValidationConfig(seed=3))
+    problem, info = planted_splits(splits, ValidationConfig(seed=3))
+    for split in ("known", SCORING_SPLIT):
+        assert torch.equal(problem.features[split], alone.features[split])
+        assert torch.equal(problem.labels[split], alone.labels[split])
+    pseudo = len(alone.labels["novel"])
+    assert torch.equal(problem.features["novel"], torch.cat([alone.features["novel"], splits.features["novel"]]))
+    assert torch.equal(problem.labels["novel"][:pseudo], alone.labels["novel"])
+    assert set(problem.labels["novel"][pseudo:].tolist()) == {alone.num_known + alone.num_novel}
+    assert problem.num_novel == alone.num_novel + 10 and problem.num_known == alone.num_known
+    assert len(problem.class_names) == problem.num_known + problem.num_novel
+    assert problem.source_ids["novel"] == alone.source_ids["novel"] + splits.source_ids["novel"]
+    assert info.unlabeled_rows == real and info.split_counts["novel"] == pseudo + real
+    assert (info.num_known, info.num_novel) == (alone.num_known, alone.num_novel)  # the planted classes alone
+    assert problem.metadata["validation"]["unlabeled_rows"] == real
+
+
+def test_a_planted_problem_needs_novel_rows():
+    splits, _ = unlabeled_pool()
+    only_known = FeatureSplits({"known": splits.features["known"]}, splits.labels, 10, 10, splits.class_names)
+    with pytest.raises(FeatureTableError, match="the-table: no rows with split 'novel' to plant"):
+        planted_splits(only_known, source="the-table")
+
+
+def test_the_planted_score_is_the_planted_classes_mean_f1_in_the_whole_pool():
+    problem, info = planted_splits(unlabeled_pool()[0], ValidationConfig(seed=0))
+    y = problem.labels["novel"].numpy()
+    perfect = np.where(y < problem.num_known + info.num_novel, y, -1)  # each planted class its own cluster
+    assert planted_scores(y, perfect, info) == {"score": 1.0, "score_min": 1.0}
+    one_cluster = planted_scores(y, np.zeros_like(y), info)
+    counts = [int((y == c).sum()) for c in range(info.num_known, info.num_known + info.num_novel)]
+    assert one_cluster["score"] == pytest.approx(np.mean([2 * n / (n + len(y)) for n in counts]))
+    assert one_cluster["score_min"] == pytest.approx(2 * min(counts) / (min(counts) + len(y)))
 
 
 def test_the_score_is_the_pseudo_novel_class_mean_accuracy_after_one_matching():
