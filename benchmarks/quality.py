@@ -52,6 +52,7 @@ Usage
       [--variants ...] [--epochs N] [--only-seeds 0 2 4] [--results /work/cache/quality] [--out docs/results.md] \\
       [--workers 2] [--select] [--select-setting warmup momentum] [--holdout-view]
       [--select-draws 8] [--select-replicates 3] [--select-only-replicates 1 2] [--select-score val|pool]
+      [--select-problem known|planted]
 ``--workers N`` runs the cells in N processes of one thread each (on 2 cores: 2); ``--select`` first runs each
 dataset's known-class rehearsal (the ``ncdlr-val`` variant trains with its choice); ``--select-setting warmup
 momentum`` rehearses the known-class warm-up (``optim.known_warmup_epochs``: off or one epoch) and τ's momentum
@@ -59,7 +60,10 @@ momentum`` rehearses the known-class warm-up (``optim.known_warmup_epochs``: off
 ``--select-replicates R`` trains each candidate R times per draw (other training seeds, same draws; each replicate
 its own cache file, ``--select-only-replicates`` runs a share of them in one process) and chooses on the mean;
 ``--select-score pool`` chooses on the runs' clustering of the pseudo-novel rows they trained on instead of the
-held-out images (benchmarks/rehearsal_noise.py compares the two).
+held-out images (benchmarks/rehearsal_noise.py compares the two). ``--select-problem planted`` plants a fifth of the
+known classes in the real unlabeled pool instead of posing half of them alone (``ncdlr.service.validation.
+planted_splits``); its pool score is their F1 against the clusters of the whole pool (cached as
+select-<what>-planted-<dataset>.json).
 ``--holdout-view`` (cached datasets) trains without each training row's last cached view and records the model's
 novel clusters on it, for ``benchmarks/carry.py`` (cells cached as ``*-hv.json``).
 Each (dataset, variant, seed) result is cached as JSON under --results, so runs can be split across
