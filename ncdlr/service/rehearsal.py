@@ -152,8 +152,8 @@ def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, C
         raise ValueError(f"draws must be at least 1 and first_draw at least 0, got {draws}, {first_draw}")
     seed = replicate_seed(cfg, replicate)
     by_draw: dict[Hashable, list[float]] = {key: [] for key in candidates}
+    problem = planted_splits if planted else validation_splits
     for draw in range(first_draw, first_draw + draws):
-        problem = planted_splits if planted else validation_splits
         validation, info = problem(
             splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
         for key, edit in candidates.items():
