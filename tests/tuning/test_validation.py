@@ -141,11 +141,15 @@ def test_a_planted_problem_puts_the_pseudo_novel_rows_in_the_real_pool_without_r
     assert problem.metadata["validation"]["unlabeled_rows"] == real
 
 
-def test_a_planted_problem_needs_novel_rows():
+def test_a_planted_problem_needs_novel_rows_of_the_known_rows_shape():
     splits, _ = unlabeled_pool()
     only_known = FeatureSplits({"known": splits.features["known"]}, splits.labels, 10, 10, splits.class_names)
     with pytest.raises(FeatureTableError, match="the-table: no rows with split 'novel' to plant"):
         planted_splits(only_known, source="the-table")
+    wrong = FeatureSplits({"known": splits.features["known"], "novel": splits.features["novel"][:, :5]},
+                          splits.labels, 10, 10, splits.class_names)
+    with pytest.raises(FeatureTableError, match=r"the-table: novel rows have shape \(5,\), known rows \(8,\)"):
+        planted_splits(wrong, source="the-table")
 
 
 def test_the_planted_score_is_the_planted_classes_mean_f1_in_the_whole_pool():
