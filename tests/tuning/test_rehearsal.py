@@ -8,7 +8,8 @@ import torch
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service import rehearsal
 from ncdlr.service.config import Config
-from ncdlr.service.validation import SCORING_SPLIT, ValidationConfig, validation_splits
+from ncdlr.service.validation import (SCORING_SPLIT, ValidationConfig, planted_scores, planted_splits,
+                                     validation_splits)
 
 KS, KU, DIM = 6, 4, 16
 
@@ -254,8 +255,6 @@ def test_a_planted_rehearsal_trains_on_the_real_pool_and_scores_the_planted_clas
     """``planted=True``: draw d is the planted problem of seed ``run.seed + d`` (the real novel rows beside the
     pseudo-novel ones, no batch scaling since the pool is larger than the real one), candidates see Ku' + Ku
     clusters, and ``pool`` is filled with :func:`~ncdlr.service.rehearsal.planted_score` of each run."""
-    from ncdlr.service.validation import planted_splits
-
     splits, cfg = unlabeled_novel_table(), tiny_config()
     trained, kus = [], []
     monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: trained.append(
@@ -275,8 +274,6 @@ def test_a_planted_rehearsal_trains_on_the_real_pool_and_scores_the_planted_clas
 
 def test_the_planted_score_reads_a_trained_run_on_the_whole_pool(one_torch_thread):
     """The real score on a real run: the planted classes' F1 against the run's clusters of every novel row."""
-    from ncdlr.service.validation import planted_scores, planted_splits
-
     splits, cfg = unlabeled_novel_table(), tiny_config()
     problem, info = planted_splits(splits, ValidationConfig(seed=0, pseudo_novel_fraction=0.5))
     run = rehearsal.train(cfg, problem)
