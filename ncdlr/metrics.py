@@ -10,16 +10,22 @@ from scipy.optimize import linear_sum_assignment
 GROUPS = ("head", "medium", "tail")
 
 
+def label_pair(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``y_true``, ``y_pred`` as int64 arrays ``[N]``; ValueError unless both are 1-D of equal length."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    if y_true.shape != y_pred.shape or y_true.ndim != 1:
+        raise ValueError(f"y_true and y_pred must be 1-D of equal length, got {y_true.shape} and {y_pred.shape}")
+    return y_true, y_pred
+
+
 def hungarian_mapping(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> dict[int, int]:
     """Predicted label → true label maximising the number of matches (scipy ``linear_sum_assignment``).
 
     Predicted labels may be any integers, more or fewer than the true classes; a predicted cluster left
     unmatched is absent from the mapping (its instances count as errors).
     """
-    y_true = np.asarray(y_true, dtype=np.int64)
-    y_pred = np.asarray(y_pred, dtype=np.int64)
-    if y_true.shape != y_pred.shape or y_true.ndim != 1:
-        raise ValueError(f"y_true and y_pred must be 1-D of equal length, got {y_true.shape} and {y_pred.shape}")
+    y_true, y_pred = label_pair(y_true, y_pred)
     pred_ids, pred_idx = np.unique(y_pred, return_inverse=True)
     true_ids, true_idx = np.unique(y_true, return_inverse=True)
     counts = np.zeros((len(pred_ids), len(true_ids)), dtype=np.int64)
@@ -65,10 +71,7 @@ def planted_f1(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.nd
     Returns:
         ``{c: max_k F1(c, k)}`` in [0, 1].
     """
-    y_true = np.asarray(y_true, dtype=np.int64)
-    y_pred = np.asarray(y_pred, dtype=np.int64)
-    if y_true.shape != y_pred.shape or y_true.ndim != 1:
-        raise ValueError(f"y_true and y_pred must be 1-D of equal length, got {y_true.shape} and {y_pred.shape}")
+    y_true, y_pred = label_pair(y_true, y_pred)
     pred_ids, pred_idx = np.unique(y_pred, return_inverse=True)
     sizes = np.bincount(pred_idx, minlength=len(pred_ids))
     out = {}

@@ -145,8 +145,8 @@ def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, C
     Ku')``, with the training seed of ``replicate`` (:func:`replicate_seed`), and is scored by
     :func:`rehearsal_score` on ``val``. ``pool``, when given, is filled the same way with the pool score
     (:data:`POOL_SPLIT`) of the same runs. ``planted``: draw ``d`` is instead the planted problem of that seed
-    (:func:`~ncdlr.service.validation.planted_splits`, the real pool beside the pseudo-novel classes, so no scaling)
-    and ``pool`` gets :func:`planted_score`. Cost: ``len(candidates) · draws`` trainings.
+    (:func:`~ncdlr.service.validation.planted_splits`, the real pool beside the pseudo-novel classes, so no scaling),
+    the edit gets its ``Ku' + Ku`` clusters, and ``pool`` gets :func:`planted_score`. Cost: ``len(candidates) · draws`` trainings.
     """
     if draws < 1 or first_draw < 0:
         raise ValueError(f"draws must be at least 1 and first_draw at least 0, got {draws}, {first_draw}")

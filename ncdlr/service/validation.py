@@ -223,11 +223,11 @@ def planted_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationConf
     """
     if "novel" not in splits.features or not len(splits.features["novel"]):
         raise FeatureTableError(f"{source}: no rows with split 'novel' to plant the pseudo-novel classes in")
-    problem, info = validation_splits(splits, cfg, source=source)
-    real = splits.features["novel"]
-    if real.shape[1:] != problem.features["novel"].shape[1:]:
+    real, known = splits.features["novel"], splits.features["known"]
+    if real.shape[1:] != known.shape[1:]:
         raise FeatureTableError(f"{source}: novel rows have shape {tuple(real.shape[1:])}, known rows "
-                                f"{tuple(problem.features['novel'].shape[1:])}")
+                                f"{tuple(known.shape[1:])}")
+    problem, info = validation_splits(splits, cfg, source=source)
     placeholder = problem.num_known + problem.num_novel
     ids = list(splits.source_ids.get("novel") or [f"novel-row-{i}" for i in range(len(real))])
     problem.features["novel"] = torch.cat([problem.features["novel"], real])
