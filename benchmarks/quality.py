@@ -28,6 +28,8 @@ Datasets
                OpenClipart-LT's images per class and a test split 10× larger; the same budget, γ = 0.5·Ku = 2.5. No
                default was ever chosen on it.
   fashion-cached-p1, fashion-cached-p2  the same on the class partitions of ``prepare fashion-mnist --seed 1`` / ``2``.
+  fashion-cached-p3, fashion-cached-p4  two more (``--seed 3`` / ``4``), made in session 27 to check a selection rule
+               on partitions it had never seen.
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -173,7 +175,8 @@ LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdl
 #: activation-cache datasets and their default cache folders
 CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8",
           "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8", "fashion-cached": "/work/cache/fm-lite0-96-b1-v8",
-          "fashion-cached-p1": "/work/cache/fm-p1-lite0-96-b1-v8", "fashion-cached-p2": "/work/cache/fm-p2-lite0-96-b1-v8"}
+          "fashion-cached-p1": "/work/cache/fm-p1-lite0-96-b1-v8", "fashion-cached-p2": "/work/cache/fm-p2-lite0-96-b1-v8",
+          "fashion-cached-p3": "/work/cache/fm-p3-lite0-96-b1-v8", "fashion-cached-p4": "/work/cache/fm-p4-lite0-96-b1-v8"}
 
 
 def activation_tables(overrides: list[str]) -> dict[str, str]:
