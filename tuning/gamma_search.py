@@ -14,6 +14,13 @@ Validation protocol (never looks at novel labels; ncdlr.service.validation):
   Ks'..Ks'+Ku'-1. Score = class-mean accuracy over the pseudo-novel classes of `val` after one Hungarian matching
   over all classes (ncdlr.metrics.cluster_accuracy "novel"); head/medium/tail of it are reported too. The
   validation table is written once to <storage>/<name>/validation.parquet.
+  With --problem planted the pseudo-novel classes are planted in the real unlabeled pool instead: the table's
+  `novel` split is their training rows plus every novel row of the feature table (read for their embeddings;
+  their labels are replaced by a placeholder before anything uses them), the trials have Ku' + Ku clusters, and the score
+  is the planted classes' mean F1 against the clusters of the whole pool (ncdlr.metrics.planted_f1; a split,
+  a merge with an unlabeled class and a cluster that swallows the pool all lower it). It keeps the real
+  problem's sizes, long tail and number of clusters, which a few known classes posed alone do not; it is the
+  rehearsal docs/tuning.md recommends for the cluster sizes (--reg-m 0 0.45).
 
 Search space:
   γ log-uniform over [--gamma-min, --gamma-max] (default 50..5000, the paper's scale), plus the
@@ -134,15 +141,22 @@ def feature_mode(cfg: Config) -> Config:
 
 def validation_split(args: argparse.Namespace, source: str, storage: ExperimentStorage) -> ValidationSplit:
     """The experiment's validation table: built once from ``source``'s known rows, reused when it exists."""
+    planted = args.problem == "planted"
     if storage.exists(TABLE):
         print(f"[{PROG}] reusing validation table {storage.child(TABLE)}", flush=True)
         split = read_validation_split(storage.child(TABLE))
+        if split.planted != planted:
+            raise ConfigError(f"the experiment at {storage.uri} was made with --problem "
+                              f"{'planted' if split.planted else 'known'}, not {args.problem}; give another --name "
+                              f"(or --storage) for a search on the other problem")
     else:
         split = build_validation_table(source, storage.child(TABLE), ValidationConfig(
-            args.pseudo_novel_fraction, args.holdout_fraction, args.val_seed), num_novel=args.num_novel)
+            args.pseudo_novel_fraction, args.holdout_fraction, args.val_seed), num_novel=args.num_novel,
+            planted=planted)
+    where = f", planted among {split.unlabeled_rows} novel rows" if split.planted else ""
     print(f"[{PROG}] validation split of the {split.target_num_known} known classes: {split.num_known} pseudo-known, "
-          f"{split.num_novel} pseudo-novel {split.pseudo_novel}; rows {split.split_counts}; "
-          f"target Ku = {split.target_num_novel}", flush=True)
+          f"{split.num_novel} pseudo-novel {split.pseudo_novel}{where}; rows {split.split_counts}; "
+          f"{split.num_clusters} clusters per trial; target Ku = {split.target_num_novel}", flush=True)
     return split
 
 
@@ -180,7 +194,7 @@ def tune_search(args: argparse.Namespace, base: Config, split: ValidationSplit, 
     trials = feature_mode(base)
     trials.data.features = storage.child(TABLE)
     settings = new_trial_settings(trials, storage, target_num_novel=split.target_num_novel,
-                                  val_num_novel=split.num_novel, gamma_transfer=args.gamma_transfer == "ku",
+                                  val_num_novel=split.num_clusters, gamma_transfer=args.gamma_transfer == "ku",
                                   workers=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
                                   gpus_per_trial=args.gpus_per_trial)
     storage.write_text(SETTINGS, settings.to_json())
@@ -211,6 +225,17 @@ def rank_trials(rows: list[dict]) -> list[dict]:
 
 COLUMNS = ("rank", "trial", "gamma", "gamma_trial", "alpha", "reg_m", "epoch", "score", "score_head", "score_medium",
            "score_tail", "val_all", "tau", "status")
+#: the columns of a search on the planted problem: its score has no head / medium / tail parts and no ``val``
+PLANTED_COLUMNS = ("rank", "trial", "gamma", "gamma_trial", "alpha", "reg_m", "epoch", "score", "score_min", "tau",
+                   "status")
+HEADS = {"rank": "rank", "trial": "trial", "gamma": "γ", "gamma_trial": "γ (trial)", "alpha": "α",
+         "reg_m": "reg_m (sizes)", "epoch": "epochs", "score": "score (pseudo-novel)", "score_head": "H",
+         "score_medium": "M", "score_tail": "T", "val_all": "val all", "tau": "τ", "status": "status",
+         "score_min": "worst planted class"}
+
+
+def columns(planted: bool) -> tuple[str, ...]:
+    return PLANTED_COLUMNS if planted else COLUMNS
 
 
 def _cell(column: str, value) -> str:
@@ -225,16 +250,17 @@ def _cell(column: str, value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def format_table(rows: list[dict]) -> str:
-    """The ranked trials as a Markdown table (γ = ∞ is the uniform-prior limit)."""
-    head = ("rank", "trial", "γ", "γ (trial)", "α", "reg_m (sizes)", "epochs", "score (pseudo-novel)", "H", "M", "T",
-            "val all", "τ", "status")
+def format_table(rows: list[dict], planted: bool = False) -> str:
+    """The ranked trials as a Markdown table (γ = ∞ is the uniform-prior limit); ``planted``: a search on the
+    planted problem (score = the planted classes' mean F1)."""
+    cols = columns(planted)
+    head = [HEADS[c] if not (planted and c == "score") else "score (planted F1)" for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_cell(col, row.get(col)) for col in COLUMNS) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(col, row.get(col)) for col in cols) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def plot_scores(rows: list[dict], path: Path, space: SearchSpace) -> None:
+def plot_scores(rows: list[dict], path: Path, space: SearchSpace, planted: bool = False) -> None:
     """Score vs γ (log x) for the finite γ; the uniform limit as a separate star marker right of the range."""
     import matplotlib
 
@@ -254,8 +280,9 @@ def plot_scores(rows: list[dict], path: Path, space: SearchSpace) -> None:
     ax.set_xscale("log")
     ax.set_xlim(space.gamma_min / 1.5, x_uniform * 1.8)
     ax.set_xlabel("γ (config units; marker size = epochs trained)")
-    ax.set_ylabel("pseudo-novel class-mean accuracy")
-    ax.set_title("γ/α search on the known-class validation split")
+    ax.set_ylabel("planted classes' mean F1 in the pool" if planted else "pseudo-novel class-mean accuracy")
+    ax.set_title("γ/α search, known classes planted in the pool" if planted
+                 else "γ/α search on the known-class validation split")
     if uniform:
         ax.legend(loc="best")
     ax.grid(alpha=0.3)
@@ -272,26 +299,30 @@ def write_best_config(base: Config, best: dict, path: Path, note: str) -> Config
     return load_yaml(path)  # the trainer's own loader: raises ConfigError if the file would be refused
 
 
-def write_table(rows: list[dict], output: Path, space: SearchSpace) -> None:
+def write_table(rows: list[dict], output: Path, space: SearchSpace, planted: bool = False) -> None:
     """Print the ranked table; write trials.md, trials.csv and gamma_scores.png."""
-    table = format_table(rows)
+    table = format_table(rows, planted)
     print(table)
     (output / "trials.md").write_text(table + "\n")
     with open(output / "trials.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(COLUMNS) + ["val_known", "loss"], extrasaction="ignore")
+        extra = ["loss"] if planted else ["val_known", "loss"]
+        writer = csv.DictWriter(handle, fieldnames=list(columns(planted)) + extra, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    plot_scores(rows, output / "gamma_scores.png", space)
+    plot_scores(rows, output / "gamma_scores.png", space, planted)
 
 
 def best_note(args: argparse.Namespace, best: dict, rows: list[dict], split: ValidationSplit, unfinished: int) -> str:
     prior = "uniform prior (γ = ∞)" if math.isinf(best["gamma"]) else f"γ = {best['gamma']:.4g}"
     return (f"Best of {len(rows)} trials{' (search unfinished)' if unfinished else ''} of tuning/gamma_search.py "
             f"({args.name}): {prior}, α = {best['alpha']:.3g}, labeler.reg_m = {best.get('reg_m', 0.0):g};\n"
-            f"pseudo-novel class-mean accuracy {best['score']:.4f} on the known-class validation split\n"
-            f"({split.num_known} pseudo-known / {split.num_novel} pseudo-novel classes of {split.source}).\n"
-            f"γ is in this config's units (Ku = {split.target_num_novel}); the trial ran with "
-            f"{best['gamma_trial']:.4g} for Ku' = {split.num_novel}.")
+            + (f"planted classes' mean F1 {best['score']:.4f} in the real pool\n({split.num_known} pseudo-known / "
+               f"{split.num_novel} planted classes of {split.source}, among its {split.unlabeled_rows} novel rows).\n"
+               if split.planted else
+               f"pseudo-novel class-mean accuracy {best['score']:.4f} on the known-class validation split\n"
+               f"({split.num_known} pseudo-known / {split.num_novel} pseudo-novel classes of {split.source}).\n")
+            + f"γ is in this config's units (Ku = {split.target_num_novel}); the trial ran with "
+            f"{best['gamma_trial']:.4g} for {split.num_clusters} clusters.")
 
 
 # -- command line ---------------------------------------------------------------------------------------------
@@ -324,6 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="share of each class's images held out for scoring, never trained on (0.2)")
     val.add_argument("--val-seed", metavar="N", type=int, default=0,
                      help="seed of the pseudo-novel choice and the hold-out")
+    val.add_argument("--problem", choices=("known", "planted"), default="known",
+                     help="'known': the pseudo-novel classes alone, scored on their held-out images; 'planted': "
+                          "planted among the table's novel rows (labels never read), Ku' + Ku clusters, scored by "
+                          "their F1 in the whole pool — the rehearsal of record for the cluster sizes (--reg-m 0 0.45)")
     sp = parser.add_argument_group("search space and scheduler")
     sp.add_argument("--gamma-min", metavar="G", type=float, default=None,
                     help="lower end of log-uniform γ (default 50; embedded default 1). Small Ku needs small γ")
@@ -395,7 +430,7 @@ def search(args: argparse.Namespace) -> int:
 
             ray.shutdown()
 
-    write_table(rows, output, space)
+    write_table(rows, output, space, split.planted)
     if unfinished:
         print(f"{PROG}: the search stopped with {unfinished} of {len(rows)} trials unfinished; rerun the same command "
               f"to resume it (results so far are in {output})", file=sys.stderr)

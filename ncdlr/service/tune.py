@@ -6,7 +6,7 @@ in feature-table mode, on the known-class validation table of :mod:`ncdlr.servic
 (Train V2) needs three workarounds, all kept here:
 
 * ``Tuner(TorchTrainer)`` fails under Train V2 ("Improper 'run'"), hence the function trainable; a Train
-  callback (:class:`ValidationScoreCallback`) scores each epoch's checkpoint on ``val`` and hands the metrics
+  callback (:class:`ValidationScoreCallback`) scores each epoch's checkpoint (:class:`ScoringRows`) and hands the metrics
   to the trial, whose own thread reports them to Tune (:func:`fit_reporting_to_tune`). Ray's
   ``TuneReportCallback`` is not used: it feeds the trial actor's main thread, and when ``fit()`` returns
   before Tune asks for the last epoch (a busy driver) the function's end-of-trial report fills Tune's
@@ -55,7 +55,7 @@ from ncdlr.method_settings import GAMMA_UNIFORM
 
 from .config import Config, ConfigError, from_dict, save_config
 from .trainer import ray_storage
-from .validation import SCORING_SPLIT, validation_scores
+from .validation import SCORING_SPLIT, ValidationSplit, planted_scores, validation_scores
 
 log = logging.getLogger(__name__)
 
@@ -175,18 +175,35 @@ class TrialSettings:
 
 @dataclass
 class ScoringRows:
-    """The validation table's ``val`` rows (``features [n, D]``, ``labels [n]``) and what scoring needs."""
+    """The rows a trial is scored on (``features [n, D]``, view 0; ``labels [n]``) and what scoring needs.
+
+    On a known-class problem, the validation table's held-out ``val`` rows, scored by
+    :func:`~ncdlr.service.validation.validation_scores`. On a planted problem (``planted`` set: the table's
+    :class:`~ncdlr.service.validation.ValidationSplit`), the ``novel`` training rows — the planted classes and the
+    real pool — scored by :func:`~ncdlr.service.validation.planted_scores`.
+    """
 
     features: torch.Tensor
     labels: np.ndarray
     num_known: int
     num_novel: int
     train_counts: list[int]
+    planted: ValidationSplit | None = None
 
     @classmethod
     def of(cls, splits: FeatureSplits) -> ScoringRows:
+        info = splits.metadata.get("validation")
+        if info and info.get("unlabeled_rows"):
+            return cls(first_view(splits.features["novel"]), splits.labels["novel"].numpy(), splits.num_known,
+                       splits.num_novel, splits.train_counts(), ValidationSplit(**info))
         return cls(first_view(splits.features[SCORING_SPLIT]), splits.labels[SCORING_SPLIT].numpy(), splits.num_known,
                    splits.num_novel, splits.train_counts())
+
+    def scores(self, y_pred: np.ndarray) -> dict[str, float]:
+        """The trial's score (and its parts) from its predictions ``[n]`` of these rows."""
+        if self.planted is not None:
+            return planted_scores(self.labels, y_pred, self.planted)
+        return validation_scores(self.labels, y_pred, self.num_known, self.train_counts)
 
 
 class ValidationScoreCallback(UserCallback):
@@ -220,7 +237,7 @@ class ValidationScoreCallback(UserCallback):
             with checkpoint.as_directory() as directory:
                 model, _ = load_trained_model(self._cfg, directory, rows.num_known, rows.num_novel)
             y_pred = predict(model, list(rows.features.split(self._cfg.data.eval_batch_size)), torch.device("cpu"))
-            row.update(validation_scores(rows.labels, y_pred, rows.num_known, rows.train_counts))
+            row.update(rows.scores(y_pred))
             row[CHECKPOINT_PATH_KEY] = checkpoint.path  # as TuneReportCallback: Tune keeps the path
         self._results.put(row)
 
@@ -420,7 +437,7 @@ def trial_rows(result_grid, settings: TrialSettings) -> list[dict]:
         rows.append({"trial": metrics.get("trial_id") or Path(result.path).name, "gamma": gamma,
                      "gamma_trial": settings.trial_gamma(gamma), "alpha": alpha, "reg_m": reg_m, "status": status,
                      **{k: metrics.get(k) for k in ("epoch", "score", "score_head", "score_medium", "score_tail",
-                                                    "val_all", "val_known", "tau", "loss")}})
+                                                    "score_min", "val_all", "val_known", "tau", "loss")}})
     return rows
 
 

@@ -26,7 +26,8 @@ posing them alone: its ``novel`` split is the pseudo-novel training rows plus ev
 labels are never read), with ``Ku' + Ku`` clusters. The run then faces the real pool — its sizes, its long tail,
 its number of clusters — and the planted classes are the only ones it is scored on (:func:`planted_scores`). A
 problem of a few pseudo-novel classes alone is another problem when Ks is small (5 known classes leave 2 or 3
-pseudo-novel clusters where the real pool has 5).
+pseudo-novel clusters where the real pool has 5). ``build_validation_table(..., planted=True)`` writes it as a table
+for the Ray Tune search (``tuning/gamma_search.py --problem planted``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,16 @@ class ValidationSplit:
     @property
     def num_novel(self) -> int:
         return len(self.pseudo_novel)
+
+    @property
+    def planted(self) -> bool:
+        """Whether the pseudo-novel classes are planted in the real pool (:func:`planted_splits`)."""
+        return self.unlabeled_rows > 0
+
+    @property
+    def num_clusters(self) -> int:
+        """The novel clusters a run on this problem has: ``Ku'``, or ``Ku' + Ku`` when planted."""
+        return self.num_novel + (self.target_num_novel if self.planted else 0)
 
 
 def choose_pseudo_novel(train_counts: Sequence[int], fraction: float = 0.2, seed: int = 0,
@@ -203,13 +214,14 @@ def validation_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationC
     return validation, info
 
 
-def planted_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationConfig(), *,
-                   source: str = "feature splits") -> tuple[FeatureSplits, ValidationSplit]:
+def planted_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationConfig(), num_novel: int | None = None,
+                   *, source: str = "feature splits") -> tuple[FeatureSplits, ValidationSplit]:
     """The validation problem of :func:`validation_splits` with its pseudo-novel classes planted in the real pool.
 
     Args:
         splits: the real problem; reads what :func:`validation_splits` reads plus ``features["novel"]`` (and
             ``source_ids["novel"]``). The novel labels are never read.
+        num_novel: Ku of the real problem, the clusters the real rows get; default ``splits.num_novel``.
 
     Returns:
         ``(problem, info)``: as :func:`validation_splits`, but the ``novel`` split holds the pseudo-novel training
@@ -227,15 +239,15 @@ def planted_splits(splits: FeatureSplits, cfg: ValidationConfig = ValidationConf
     if real.shape[1:] != known.shape[1:]:
         raise FeatureTableError(f"{source}: novel rows have shape {tuple(real.shape[1:])}, known rows "
                                 f"{tuple(known.shape[1:])}")
-    problem, info = validation_splits(splits, cfg, source=source)
+    problem, info = validation_splits(splits, cfg, num_novel, source=source)
     placeholder = problem.num_known + problem.num_novel
     ids = list(splits.source_ids.get("novel") or [f"novel-row-{i}" for i in range(len(real))])
     problem.features["novel"] = torch.cat([problem.features["novel"], real])
     problem.labels["novel"] = torch.cat([problem.labels["novel"],
                                          torch.full((len(real),), placeholder, dtype=torch.int64)])
     problem.source_ids["novel"] = problem.source_ids["novel"] + ids
-    problem.num_novel += splits.num_novel
-    problem.class_names = problem.class_names + [f"unlabeled-{j}" for j in range(splits.num_novel)]
+    problem.num_novel += info.target_num_novel
+    problem.class_names = problem.class_names + [f"unlabeled-{j}" for j in range(info.target_num_novel)]
     info = ValidationSplit(**{**asdict(info), "unlabeled_rows": len(real),
                               "split_counts": {**info.split_counts, "novel": len(problem.labels["novel"])}})
     problem.metadata["validation"] = asdict(info)
@@ -261,28 +273,36 @@ CACHE_KEYS = ("kind", "encoder", "pretrained", "image_size", "cached_blocks", "s
 
 
 def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig = ValidationConfig(),
-                           num_novel: int | None = None) -> ValidationSplit:
-    """Write the validation feature table of ``source_uri`` (:func:`validation_splits`) to ``out_uri``.
+                           num_novel: int | None = None, *, planted: bool = False) -> ValidationSplit:
+    """Write the validation feature table of ``source_uri`` (:func:`validation_splits`, or :func:`planted_splits`
+    when ``planted``) to ``out_uri``.
 
     Args:
         source_uri: feature table (local or s3://) with ``embedding``, ``label``, ``split``; only its ``known``
-            rows are read (a parquet filter).
+            rows are read (a parquet filter), and with ``planted`` its ``novel`` rows too: the reader checks
+            their label column's range with the rest of the row, and the labels are then replaced by a placeholder
+            before anything uses them (no novel label reaches the problem or the written table).
         out_uri: where to write the validation table (same format; splits ``known``, ``novel``, ``val``).
-        num_novel: Ku of the real problem (for γ transfer); default from the source table's metadata.
+        num_novel: Ku of the real problem (for γ transfer, and the real rows' clusters when planted); default
+            from the source table's metadata.
 
     Raises:
         FeatureTableError naming the table: every check of :func:`ncdlr.data.features.read_feature_table` on the
-        known rows (missing columns, no known rows, bad embeddings or labels), those of
-        :func:`validation_splits`, or no Ku available. Storage errors for a missing table.
+        rows read (missing columns, no known rows — or no novel rows when planted —, bad embeddings or labels),
+        those of :func:`validation_splits` / :func:`planted_splits`, or no Ku available. Storage errors for a
+        missing table.
     """
     cfg.check()
-    known = read_feature_table(source_uri, splits=("known",))  # only the known rows are ever read
+    source = read_feature_table(source_uri, splits=("known", "novel") if planted else ("known",))
+    if planted:  # the pool's rows are needed, their labels never: gone before anything else runs
+        source.labels["novel"] = torch.full_like(source.labels["novel"], -1)
     if num_novel is None:
-        if "num_novel" not in known.metadata:
+        if "num_novel" not in source.metadata:
             raise FeatureTableError(f"feature table {source_uri!r} has no 'num_novel' in its metadata; give the "
                                     f"number of novel classes (e.g. from `ncdlr estimate-k`)")
-        num_novel = int(known.metadata["num_novel"])
-    validation, info = validation_splits(known, cfg, num_novel, source=source_uri)
+        num_novel = int(source.metadata["num_novel"])
+    build = planted_splits if planted else validation_splits
+    validation, info = build(source, cfg, num_novel, source=source_uri)
     names = ("known", "novel", SCORING_SPLIT)
     if validation.is_activations:  # one part, every split (all known rows: same views), the cache's metadata
         views = {s: validation.views("known") for s in names}

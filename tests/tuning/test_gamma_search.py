@@ -64,6 +64,35 @@ def test_a_searched_size_relaxation_reaches_the_table_and_best_yaml(tmp_path):
     assert (loaded.labeler.prior, loaded.labeler.reg_m) == ("uniform", 0.45)
 
 
+def test_a_planted_search_names_its_score_and_drops_the_known_problem_columns():
+    rows = rank_trials([{"gamma": UNIFORM, "alpha": 1.0, "reg_m": 0.45, "epoch": 2, "score": 0.7, "score_min": 0.4,
+                         "trial": "u"}])
+    planted, known = format_table(rows, planted=True), format_table(rows)
+    assert "score (planted F1)" in planted and "worst planted class" in planted and "| 0.400 |" in planted
+    assert "| H |" not in planted and "val all" not in planted
+    assert "score (pseudo-novel)" in known and "worst planted class" not in known
+
+
+def test_an_experiment_made_on_one_problem_is_not_resumed_on_the_other(tmp_path, capsys):
+    """The stored validation table says which problem the experiment searches; --problem planted on an experiment
+    made with the known-class problem (and the reverse) is one line and exit 2, before Ray starts."""
+    from ncdlr.data.features import synthetic_features, write_feature_table
+    from ncdlr.service.tune import ExperimentStorage
+    from ncdlr.service.validation import build_validation_table
+
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=8, n_max=60, ratio=10, test_per_class=4, seed=1)
+    table = str(tmp_path / "features.parquet")
+    write_feature_table(table, x, y, s, num_known=10, num_novel=10)
+    for made, asked in (("known", "planted"), ("planted", "known")):
+        storage = ExperimentStorage.open(str(tmp_path / "ray"), made)
+        build_validation_table(table, storage.child("validation.parquet"), planted=made == "planted")
+        argv = ["--features", table, "--output", str(tmp_path / "out"), "--storage", str(tmp_path / "ray"),
+                "--name", made, "--problem", asked]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"made with --problem {made}, not {asked}" in err and len(err.splitlines()) == 1
+
+
 def test_help_explains_the_protocol_and_the_cluster_flags():
     out = subprocess.run([sys.executable, str(ROOT / "tuning" / "gamma_search.py"), "--help"], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout
@@ -146,6 +175,33 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
     assert main(argv + ["--resume"]) == 0  # Tuner.restore of the finished experiment: same trials, no retraining
     again = json.loads((out / "search.json").read_text())
     assert sorted(t["trial"] for t in again["trials"]) == sorted(t["trial"] for t in search["trials"])
+
+
+@pytest.mark.slow
+def test_a_tiny_search_on_the_planted_problem_scores_its_trials_by_the_planted_f1(ray_local, tmp_path):
+    """--problem planted end to end on a local Ray: the validation table holds the pool, every trial trains Ku' + Ku
+    clusters and reports the planted score, and best.yaml carries the searched size relaxation."""
+    from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+    from ncdlr.service.validation import read_validation_split
+
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=16, n_max=60, ratio=5, test_per_class=4, seed=2)
+    table = str(tmp_path / "features.parquet")
+    write_feature_table(table, x, y, s, num_known=10, num_novel=10)
+    out = tmp_path / "search"
+    assert main(["--features", table, "--output", str(out), "--name", "planted", "--problem", "planted",
+                 "--reg-m", "0", "0.45", "--num-samples", "2", "--gamma-min", "1", "--gamma-max", "100",
+                 "--epochs", "2", "--batch-size", "8", "--buffer-size", "64", "--warmup-epochs", "1",
+                 "--max-concurrent", "2"]) == 0
+    search = json.loads((out / "search.json").read_text())
+    validation = out / "ray" / "planted" / "validation.parquet"
+    split = read_validation_split(str(validation))
+    assert split.planted and split.unlabeled_rows == int((s == "novel").sum())
+    assert read_feature_table(str(validation)).num_novel == split.num_clusters == split.num_novel + 10
+    assert len(search["trials"]) == 2
+    assert all(0.0 <= t["score"] <= 1.0 and t["score_min"] <= t["score"] for t in search["trials"])
+    assert "score (planted F1)" in (out / "trials.md").read_text()
+    best = load_config(out / "best.yaml")
+    assert best.labeler.reg_m == search["best"]["reg_m"] and "planted classes' mean F1" in (out / "best.yaml").read_text()
 
 
 class _SlowDriver(tune.Callback):

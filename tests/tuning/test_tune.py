@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from ncdlr.service.config import Config, ConfigError
 from ncdlr.service.tune import (
@@ -102,3 +103,29 @@ def test_local_experiment_storage_writes_reads_and_names_its_files(tmp_path):
     storage.write_text("search_settings.json", "{}")
     assert storage.exists("search_settings.json") and storage.read_text("search_settings.json") == "{}"
     assert storage.child("validation.parquet") == str(tmp_path / "ray" / "tiny" / "validation.parquet")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_trial_is_scored_on_the_rows_its_problem_names(tmp_path, planted):
+    """ScoringRows of a known-class table: the held-out ``val`` rows and the pseudo-novel accuracy; of a planted
+    table: the ``novel`` training rows (planted classes and the pool) and the planted classes' F1."""
+    import numpy as np
+
+    from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+    from ncdlr.service.tune import ScoringRows
+    from ncdlr.service.validation import build_validation_table, planted_scores, validation_scores
+
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=8, n_max=60, ratio=10, test_per_class=4, seed=1)
+    write_feature_table(str(tmp_path / "src.parquet"), x, y, s, num_known=10, num_novel=10,
+                        source_ids=[f"i{j}" for j in range(len(y))])
+    info = build_validation_table(str(tmp_path / "src.parquet"), str(tmp_path / "val.parquet"), planted=planted)
+    table = read_feature_table(str(tmp_path / "val.parquet"))
+    rows = ScoringRows.of(table)
+    split = "novel" if planted else "val"
+    assert torch.equal(rows.features, table.features[split]) and np.array_equal(rows.labels, table.labels[split])
+    assert (rows.planted == info) if planted else rows.planted is None
+    guess = np.random.default_rng(0).integers(0, table.num_known + table.num_novel, len(rows.labels))
+    expected = (planted_scores(rows.labels, guess, info) if planted
+                else validation_scores(rows.labels, guess, table.num_known, table.train_counts()))
+    np.testing.assert_equal(rows.scores(guess), expected)  # NaN (a group with no class) equals NaN here
+    assert 0.0 <= expected["score"] <= 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -161,6 +162,49 @@ def test_the_planted_score_is_the_planted_classes_mean_f1_in_the_whole_pool():
     counts = [int((y == c).sum()) for c in range(info.num_known, info.num_known + info.num_novel)]
     assert one_cluster["score"] == pytest.approx(np.mean([2 * n / (n + len(y)) for n in counts]))
     assert one_cluster["score_min"] == pytest.approx(2 * min(counts) / (min(counts) + len(y)))
+
+
+def _pool_table(path: str, novel_labels_seed: int) -> str:
+    """10 known + 10 novel classes; the novel rows' labels permuted by ``novel_labels_seed`` (valid, but scrambled)."""
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=8, n_max=60, ratio=10, test_per_class=4, seed=1)
+    y = np.asarray(y).copy()
+    novel = np.flatnonzero(np.asarray(s) == "novel")
+    y[novel] = np.random.default_rng(novel_labels_seed).permutation(y[novel])
+    write_feature_table(path, x, y, s, num_known=10, num_novel=10, source_ids=[f"img-{i:05d}" for i in range(len(y))])
+    return path
+
+
+def test_a_planted_validation_table_holds_the_pool_and_no_novel_label(tmp_path):
+    """build_validation_table(planted=True) writes planted_splits' problem: the pseudo-novel training rows and every
+    novel row of the source, Ku' + Ku clusters. Two sources that differ only in their novel labels give the same
+    table, and the pool's rows carry the placeholder alone: no novel label is used or written."""
+    a = build_validation_table(_pool_table(str(tmp_path / "a.parquet"), 1), str(tmp_path / "va.parquet"), planted=True)
+    b = build_validation_table(_pool_table(str(tmp_path / "b.parquet"), 2), str(tmp_path / "vb.parquet"), planted=True)
+    assert dataclasses.replace(a, source="") == dataclasses.replace(b, source="")
+    assert a.planted and a.num_clusters == a.num_novel + 10
+    first, second = read_feature_table(str(tmp_path / "va.parquet")), read_feature_table(str(tmp_path / "vb.parquet"))
+    for split in ("known", "novel", SCORING_SPLIT):
+        assert torch.equal(first.features[split], second.features[split])
+        assert torch.equal(first.labels[split], second.labels[split])
+    source = read_feature_table(str(tmp_path / "a.parquet"), splits=("known", "novel"))
+    expected, _ = planted_splits(source, ValidationConfig(), source="a")
+    assert (first.num_known, first.num_novel) == (expected.num_known, expected.num_novel) == (8, 12)
+    assert torch.equal(first.features["novel"], expected.features["novel"])
+    pool = first.labels["novel"][-a.unlabeled_rows:]
+    assert a.unlabeled_rows == len(source.labels["novel"]) and set(pool.tolist()) == {first.num_known + a.num_novel}
+    assert first.source_ids["novel"][-a.unlabeled_rows:] == source.source_ids["novel"]
+    assert read_validation_split(str(tmp_path / "va.parquet")) == a
+
+
+def test_a_planted_validation_table_needs_novel_rows(tmp_path):
+    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=8, n_max=60, ratio=10, test_per_class=4, seed=1)
+    keep = np.asarray(s) != "novel"
+    path = str(tmp_path / "known-only.parquet")
+    write_feature_table(path, np.asarray(x)[keep], np.asarray(y)[keep], np.asarray(s)[keep], num_known=10,
+                        num_novel=10)
+    with pytest.raises(FeatureTableError, match="known-only.parquet: no rows with split 'novel'"):
+        build_validation_table(path, str(tmp_path / "val.parquet"), planted=True)
+    assert not (tmp_path / "val.parquet").exists()
 
 
 def test_the_score_is_the_pseudo_novel_class_mean_accuracy_after_one_matching():
