@@ -66,6 +66,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python tuning/gamma_search.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ncdlr.data.features import ACTIVATIONS, read_metadata  # noqa: E402
 from ncdlr.service.config import (Config, ConfigError, Setting, add_override_arguments, load_yaml,  # noqa: E402
                                   save_config)
 from ncdlr.service.entry import config_from_args, init_ray, run_main  # noqa: E402
@@ -128,12 +129,17 @@ def base_config(args: argparse.Namespace, output: Path) -> tuple[str, Config]:
     return source, config_from_args(args, settings=settings)
 
 
-def feature_mode(cfg: Config) -> Config:
-    """The trials' base: a copy of ``cfg`` that trains on embeddings (encoder ``identity``; a trainable head,
-    linear/mlp kept) with as many clusters as the validation table has pseudo-novel classes."""
+def feature_mode(cfg: Config, activations: bool = False) -> Config:
+    """The trials' base: a copy of ``cfg`` with as many clusters as the validation table has (``model.num_novel``
+    from the table). On an embedding table it trains a head on the embeddings (encoder ``identity``; linear/mlp
+    kept). On an activation cache (``activations``) it trains what the run will train, the config's last
+    ``model.trainable_blocks`` blocks and its head, on the cached activations (``model_for_table`` checks them
+    against the cache)."""
     out = copy.deepcopy(cfg)
-    out.model.encoder, out.model.pretrained, out.model.trainable_blocks = "identity", "", 0
     out.model.num_novel = "0"
+    if activations:
+        return out
+    out.model.encoder, out.model.pretrained, out.model.trainable_blocks = "identity", "", 0
     if out.model.head not in ("linear", "mlp"):
         out.model.head = "mlp"
     return out
@@ -191,7 +197,7 @@ def tune_search(args: argparse.Namespace, base: Config, split: ValidationSplit, 
         return settings, fit_search(restore_tuner(settings, storage), settings)
     if args.resume:
         raise ConfigError(f"--resume given but there is no experiment to resume at {storage.uri}")
-    trials = feature_mode(base)
+    trials = feature_mode(base, read_metadata(storage.child(TABLE)).get("kind") == ACTIVATIONS)
     trials.data.features = storage.child(TABLE)
     settings = new_trial_settings(trials, storage, target_num_novel=split.target_num_novel,
                                   val_num_novel=split.num_clusters, gamma_transfer=args.gamma_transfer == "ku",
@@ -341,11 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data and base config")
     data.add_argument("--features", metavar="URI", default="",
-                      help="feature table (parquet: embedding, label, split; local or s3://). Absent → the embedded "
-                           "synthetic default. For an image dataset run `ncdlr embed` first.")
+                      help="feature table (parquet: embedding, label, split; local or s3://) or activation cache "
+                           "(`ncdlr embed --trainable-blocks B --views A`). Absent → the embedded synthetic default. "
+                           "For an image dataset run `ncdlr embed` first.")
     data.add_argument("--config", metavar="YAML", default="",
-                      help="base config of the run you will train (configs/*.yaml); trials train its head on the "
-                           "features (encoder 'identity'); best.yaml is this config with γ/α set")
+                      help="base config of the run you will train (configs/*.yaml); trials train its head on an "
+                           "embedding table (encoder 'identity'), its last blocks and head on an activation cache; "
+                           "best.yaml is this config with γ/α set")
     data.add_argument("--num-novel", metavar="KU", type=int, default=None,
                       help="Ku of the real problem (default: the table's metadata, e.g. from `ncdlr estimate-k`)")
     val = parser.add_argument_group("validation split (known classes only)")

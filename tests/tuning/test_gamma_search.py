@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pytest
 from ray import tune
 
-from ncdlr.service.config import load_config
+from ncdlr.service.config import Config, load_config
 from ncdlr.service.tune import UNIFORM
 from tuning.gamma_search import format_table, main, rank_trials, write_best_config
 
@@ -91,6 +91,46 @@ def test_an_experiment_made_on_one_problem_is_not_resumed_on_the_other(tmp_path,
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert f"made with --problem {made}, not {asked}" in err and len(err.splitlines()) == 1
+
+
+def _tiny_activation_cache(folder: Path) -> str:
+    """A tiny_cnn activation cache (``[V=3, 32, 8, 8]`` per row): 4 known classes, 2 novel, 6 novel rows."""
+    import numpy as np
+
+    from ncdlr.data.features import write_table_part
+
+    rng = np.random.default_rng(0)
+    meta = {"num_known": 4, "num_novel": 2, "encoder": "tiny_cnn", "pretrained": "", "image_size": 32,
+            "cached_blocks": 1, "shape": [32, 8, 8], "views": {"known": 3, "novel": 3}}
+    for split, labels in (("known", np.repeat(np.arange(4), [8, 6, 5, 4])), ("novel", np.array([4, 5] * 3))):
+        write_table_part(f"{folder}/part-{split}.parquet",
+                         rng.standard_normal((len(labels), 3, 32, 8, 8)).astype(np.float16), labels,
+                         [split] * len(labels), source_ids=[f"{split}{i:03d}" for i in range(len(labels))],
+                         class_names=[str(i) for i in range(6)], metadata=meta)
+    return str(folder)
+
+
+def test_trials_on_an_activation_cache_train_the_configs_last_block_and_planted_rows_keep_their_views(tmp_path):
+    """On an activation cache the trials train what the run trains (the config's last block and head), not a head on
+    the frozen block; a planted table of a cache holds the pool's rows with all their cached views."""
+    from ncdlr.data.features import read_feature_table
+    from ncdlr.service.run_data import model_for_table
+    from ncdlr.service.validation import ValidationConfig, build_validation_table
+    from tuning.gamma_search import feature_mode
+
+    info = build_validation_table(_tiny_activation_cache(tmp_path / "cache"), str(tmp_path / "val.parquet"),
+                                  ValidationConfig(pseudo_novel_fraction=0.5), planted=True)
+    table = read_feature_table(str(tmp_path / "val.parquet"))
+    assert table.is_activations and table.views("novel") == 3 and info.unlabeled_rows == 6
+    assert table.num_novel == info.num_clusters == 2 + 2 and len(table.labels["novel"]) == info.split_counts["novel"]
+    base = Config()
+    base.model.encoder, base.model.trainable_blocks, base.model.head = "tiny_cnn", 1, "linear"
+    trials = feature_mode(base, activations=True)
+    model_for_table(trials, table)
+    assert (trials.model.encoder, trials.model.trainable_blocks, trials.model.head) == ("tiny_cnn", 1, "linear")
+    assert trials.model.num_novel == "0"  # the clusters come from the table: Ku' + Ku when planted
+    head_only = feature_mode(base)
+    assert (head_only.model.encoder, head_only.model.trainable_blocks) == ("identity", 0)
 
 
 def test_help_explains_the_protocol_and_the_cluster_flags():
@@ -178,30 +218,33 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
 
 
 @pytest.mark.slow
-def test_a_tiny_search_on_the_planted_problem_scores_its_trials_by_the_planted_f1(ray_local, tmp_path):
-    """--problem planted end to end on a local Ray: the validation table holds the pool, every trial trains Ku' + Ku
-    clusters and reports the planted score, and best.yaml carries the searched size relaxation."""
-    from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+def test_a_planted_search_on_an_activation_cache_trains_the_last_block_in_its_trials(ray_local, tmp_path):
+    """--problem planted end to end on a local Ray, on an activation cache: the validation table holds the pool, each
+    trial trains tiny_cnn's last block and a linear head on the cached views with Ku' + Ku clusters and reports
+    the planted F1, and best.yaml carries the searched size relaxation."""
+    from ncdlr.data.features import read_feature_table
     from ncdlr.service.validation import read_validation_split
 
-    x, y, s = synthetic_features(num_known=10, num_novel=10, dim=16, n_max=60, ratio=5, test_per_class=4, seed=2)
-    table = str(tmp_path / "features.parquet")
-    write_feature_table(table, x, y, s, num_known=10, num_novel=10)
     out = tmp_path / "search"
-    assert main(["--features", table, "--output", str(out), "--name", "planted", "--problem", "planted",
-                 "--reg-m", "0", "0.45", "--num-samples", "2", "--gamma-min", "1", "--gamma-max", "100",
-                 "--epochs", "2", "--batch-size", "8", "--buffer-size", "64", "--warmup-epochs", "1",
-                 "--max-concurrent", "2"]) == 0
+    assert main(["--features", _tiny_activation_cache(tmp_path / "cache"), "--output", str(out), "--name", "planted",
+                 "--problem", "planted", "--pseudo-novel-fraction", "0.5", "--reg-m", "0", "0.45",
+                 "--num-samples", "2", "--gamma-min", "1", "--gamma-max", "10", "--epochs", "2", "--batch-size", "4",
+                 "--buffer-size", "16", "--warmup-epochs", "1", "--model.trainable_blocks", "1", "--model.head",
+                 "linear", "--max-concurrent", "2"]) == 0
     search = json.loads((out / "search.json").read_text())
-    validation = out / "ray" / "planted" / "validation.parquet"
-    split = read_validation_split(str(validation))
-    assert split.planted and split.unlabeled_rows == int((s == "novel").sum())
-    assert read_feature_table(str(validation)).num_novel == split.num_clusters == split.num_novel + 10
     assert len(search["trials"]) == 2
     assert all(0.0 <= t["score"] <= 1.0 and t["score_min"] <= t["score"] for t in search["trials"])
+    validation = str(out / "ray" / "planted" / "validation.parquet")
+    split = read_validation_split(validation)
+    assert split.planted and split.unlabeled_rows == 6
+    assert read_feature_table(validation).num_novel == split.num_clusters == split.num_novel + 2
+    trial_configs = list((out / "ray").rglob("run/config.yaml"))
+    assert trial_configs and all((load_config(p).model.encoder, load_config(p).model.trainable_blocks)
+                                 == ("tiny_cnn", 1) for p in trial_configs)
     assert "score (planted F1)" in (out / "trials.md").read_text()
     best = load_config(out / "best.yaml")
-    assert best.labeler.reg_m == search["best"]["reg_m"] and "planted classes' mean F1" in (out / "best.yaml").read_text()
+    assert best.labeler.reg_m == search["best"]["reg_m"]
+    assert "planted classes' mean F1" in (out / "best.yaml").read_text()
 
 
 class _SlowDriver(tune.Callback):
