@@ -146,7 +146,8 @@ def feature_mode(cfg: Config, activations: bool = False) -> Config:
 
 
 def validation_split(args: argparse.Namespace, source: str, storage: ExperimentStorage) -> ValidationSplit:
-    """The experiment's validation table: built once from ``source``'s known rows, reused when it exists."""
+    """The experiment's validation table: built once from ``source``'s known rows (and its novel rows, labels
+    replaced, with ``--problem planted``), reused when it exists; an experiment of the other problem is refused."""
     planted = args.problem == "planted"
     if storage.exists(TABLE):
         print(f"[{PROG}] reusing validation table {storage.child(TABLE)}", flush=True)

@@ -207,7 +207,8 @@ class ScoringRows:
 
 
 class ValidationScoreCallback(UserCallback):
-    """Train → trial bridge that scores each reported checkpoint on the validation table's ``val`` rows.
+    """Train → trial bridge that scores each reported checkpoint on its :class:`ScoringRows` (the ``val`` rows, or
+    the ``novel`` rows of a planted problem).
 
     Runs on the Ray Train controller: after every epoch report (rank 0 checkpoints each epoch) it loads the
     checkpoint's model, predicts ``val`` and puts ``{training metrics, score, ..., checkpoint_path}`` on
