@@ -70,6 +70,10 @@ class Method(abc.ABC):
     #: Settings (``section.key`` → value) this method needs. The service applies them as defaults under the
     #: user's explicit settings and refuses an explicit contradiction before training starts.
     requires: ClassVar[Mapping[str, object]] = {}
+    #: Settings a config *file* gives for the method it was written for, which this method does not take from a
+    #: file when the method itself was chosen elsewhere (``--method.name uno`` on top of a dataset's config): the
+    #: service trains with these values instead and says so. Given on the command line they are kept.
+    file_resets: ClassVar[Mapping[str, object]] = {}
     #: :meth:`novel_targets` gives soft pseudo-labels ``[2, B, Ku]`` that mixup can blend (``optim.mixup``);
     #: AutoNovel's pairwise targets cannot be blended, so its mixed rows get the known-class term only
     soft_novel_targets: ClassVar[bool] = True

@@ -31,6 +31,9 @@ class UNO(Method):
     name = "uno"
     default_loss = "ce"
     requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
+    #: UNO as published holds its clusters' sizes: a dataset config's relaxed sizes (chosen for ncdlr) do not carry
+    #: over to ``--method.name uno``; ``--labeler.reg_m`` on the command line still relaxes UNO's Sinkhorn
+    file_resets = {"labeler.reg_m": 0.0, "labeler.size_floor": "none"}
 
     def __init__(self, cfg: MethodConfig, balanced: AdaptiveSelfLabeler,
                  extra_labelers: list[AdaptiveSelfLabeler] | None = None):

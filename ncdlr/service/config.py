@@ -10,12 +10,15 @@ run directory as ``config.yaml`` so a run can be re-created and evaluated later.
 Each layer owns its own section: ``labeler`` and ``method`` are the method layer's
 (:mod:`ncdlr.method_settings`); the labeler and the method are built straight from them. A method's
 :attr:`~ncdlr.methods.Method.requires` (UNO: learnable prototypes, no buffer) are applied under the settings
-given explicitly (YAML or command line), and an explicit contradiction is refused (:func:`resolve`).
+given explicitly (YAML or command line), and an explicit contradiction is refused (:func:`resolve`). A method's
+:attr:`~ncdlr.methods.Method.file_resets` (UNO: held cluster sizes) undo what a config file set for the method it
+was written for, when the method was chosen elsewhere (``--config configs/openclipart.yaml --method.name uno``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import types
 import typing
@@ -26,6 +29,8 @@ from typing import Any
 import yaml
 
 from ncdlr.method_settings import LabelerConfig, MethodConfig
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -259,6 +264,21 @@ def _methods() -> dict:
     return METHODS
 
 
+def _apply_file_resets(cfg: Config, sources: dict[str, str]) -> None:
+    """Undo a config file's settings that ``cfg.method.name`` does not take from a file (``Method.file_resets``) when
+    the method was chosen elsewhere than that file; log each. ``sources``: key → the file that set it last, ``""``
+    for the command line or code."""
+    method = cfg.method.name
+    for key, value in _methods()[method].file_resets.items():
+        section, _, name = key.partition(".")
+        source, current = sources.get(key, ""), getattr(getattr(cfg, section), name)
+        if source and source != sources.get("method.name", "") and current != value:
+            setattr(getattr(cfg, section), name, value)
+            log.warning("%s sets %s=%r for the method it was written for; method.name=%r trains with %s=%r (give "
+                        "--%s on the command line to keep the file's value)", source, key, current, method, key,
+                        value, key)
+
+
 def _apply_method_requirements(cfg: Config, explicit: set[str]) -> None:
     """Set what ``cfg.method.name`` requires (``Method.requires``); refuse an explicit contradiction."""
     for key, needed in _methods()[cfg.method.name].requires.items():
@@ -281,7 +301,7 @@ def resolve(settings: list[Setting]) -> Config:
     Every key and value is checked once here (:class:`ConfigError` names the key).
     """
     cfg = Config()
-    explicit: set[str] = set()
+    sources: dict[str, str] = {}  # key → the file that set it last ("" for the command line or code)
     for setting in settings:
         try:
             key = resolve_key(setting.key)
@@ -290,8 +310,9 @@ def resolve(settings: list[Setting]) -> Config:
                 _set(cfg, *_RESETS[key], from_text=False)
         except ConfigError as err:
             raise ConfigError(f"{setting.source}: {err}" if setting.source else str(err)) from None
-        explicit.add(key)
-    _apply_method_requirements(cfg, explicit)
+        sources[key] = "" if setting.from_text else setting.source
+    _apply_file_resets(cfg, sources)
+    _apply_method_requirements(cfg, set(sources))
     if cfg.optim.known_warmup_epochs and cfg.optim.known_warmup_epochs >= cfg.optim.epochs:
         raise ConfigError(f"optim.known_warmup_epochs={cfg.optim.known_warmup_epochs:g} leaves none of the "
                           f"{cfg.optim.epochs} epochs (optim.epochs) for discovering the novel classes; lower it")

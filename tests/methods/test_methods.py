@@ -183,6 +183,24 @@ def test_naming_a_baseline_alone_sets_what_it_needs(method):
         load_config(None, ["--method.name", method, "--use-buffer", "true"])
 
 
+def test_uno_on_top_of_a_dataset_config_holds_its_sizes_unless_the_command_line_relaxes_them(tmp_path, caplog):
+    """A dataset config's relaxed sizes are chosen for ncdlr: ``--config F --method.name uno`` trains UNO as published
+    (sizes held, no floor) and logs it; ``--labeler.reg_m`` on the command line, or ``method.name: uno`` in the same
+    file, keeps the relaxation; ncdlr keeps the file's value."""
+    config = tmp_path / "dataset.yaml"
+    config.write_text("labeler:\n  prior: uniform\n  reg_m: 0.45\n  size_floor: known\n")
+    with caplog.at_level("WARNING", logger="ncdlr.service.config"):
+        uno = load_config(config, ["--method.name", "uno"])
+    assert (uno.labeler.reg_m, uno.labeler.size_floor) == (0.0, "none")
+    assert "labeler.reg_m=0.45" in caplog.text and "method.name='uno'" in caplog.text
+    assert build_method(uno.method, uno.labeler, KU).labeler.kappa == 1.0
+    assert load_config(config, []).labeler.reg_m == 0.45
+    assert load_config(config, ["--method.name", "uno", "--labeler.reg_m", "0.3"]).labeler.reg_m == 0.3
+    both = tmp_path / "uno-relaxed.yaml"
+    both.write_text("method:\n  name: uno\nlabeler:\n  reg_m: 0.45\n")
+    assert load_config(both, []).labeler.reg_m == 0.45
+
+
 def test_build_method_resolves_the_loss_per_method():
     cfg = Config()
     assert build_method(cfg.method, cfg.labeler, KU).loss == "mse"
