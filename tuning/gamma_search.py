@@ -242,6 +242,7 @@ HEADS = {"rank": "rank", "trial": "trial", "gamma": "γ", "gamma_trial": "γ (tr
 
 
 def columns(planted: bool) -> tuple[str, ...]:
+    """The table's columns for a search on the planted problem or on the known-class one."""
     return PLANTED_COLUMNS if planted else COLUMNS
 
 
@@ -260,8 +261,8 @@ def _cell(column: str, value) -> str:
 def format_table(rows: list[dict], planted: bool = False) -> str:
     """The ranked trials as a Markdown table (γ = ∞ is the uniform-prior limit); ``planted``: a search on the
     planted problem (score = the planted classes' mean F1)."""
-    cols = columns(planted)
-    head = [HEADS[c] if not (planted and c == "score") else "score (planted F1)" for c in cols]
+    cols, heads = columns(planted), {**HEADS, "score": "score (planted F1)"} if planted else HEADS
+    head = [heads[c] for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cell(col, row.get(col)) for col in cols) + " |" for row in rows]
     return "\n".join(lines)
@@ -366,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seed of the pseudo-novel choice and the hold-out")
     val.add_argument("--problem", choices=("known", "planted"), default="known",
                      help="'known': the pseudo-novel classes alone, scored on their held-out images; 'planted': "
-                          "planted among the table's novel rows (labels never read), Ku' + Ku clusters, scored by "
+                          "planted among the table's novel rows (their labels never used), Ku' + Ku clusters, scored by "
                           "their F1 in the whole pool — the rehearsal of record for the cluster sizes (--reg-m 0 0.45)")
     sp = parser.add_argument_group("search space and scheduler")
     sp.add_argument("--gamma-min", metavar="G", type=float, default=None,

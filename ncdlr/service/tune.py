@@ -192,10 +192,10 @@ class ScoringRows:
 
     @classmethod
     def of(cls, splits: FeatureSplits) -> ScoringRows:
-        info = splits.metadata.get("validation")
-        if info and info.get("unlabeled_rows"):
+        info = ValidationSplit(**splits.metadata["validation"]) if "validation" in splits.metadata else None
+        if info is not None and info.planted:
             return cls(first_view(splits.features["novel"]), splits.labels["novel"].numpy(), splits.num_known,
-                       splits.num_novel, splits.train_counts(), ValidationSplit(**info))
+                       splits.num_novel, splits.train_counts(), info)
         return cls(first_view(splits.features[SCORING_SPLIT]), splits.labels[SCORING_SPLIT].numpy(), splits.num_known,
                    splits.num_novel, splits.train_counts())
 
