@@ -14,10 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ray
 
 from .config import Config
+
+if TYPE_CHECKING:
+    from ncdlr.labeler import AdaptiveSelfLabeler
 
 
 @ray.remote(num_cpus=0)
@@ -104,6 +108,17 @@ class ConsoleRelay:
             return 0
 
 
+def cluster_sizes_phrase(labeler: AdaptiveSelfLabeler | None) -> str:
+    """How a self-labeler treats its clusters' sizes, for the run's first line: held at its prior's marginal, or
+    relaxed towards it (``reg_m`` > 0, the paper's relaxed OT when the prior is uniform); "" without a labeler."""
+    if labeler is None:
+        return ""
+    kind = labeler.prior.kind
+    if labeler.reg_m > 0:
+        return f"sizes relaxed towards the {kind} prior (reg_m {labeler.reg_m:g})"
+    return f"sizes held at the {kind} prior"
+
+
 def progress_bar(done: int, total: int, width: int = 20) -> str:
     """``[#####...............]`` for ``done`` of ``total`` steps."""
     filled = width * min(done, total) // max(total, 1)
@@ -139,12 +154,13 @@ class EpochLog:
             print(text, file=sys.__stdout__, flush=True)
 
     def start(self, state, world: int) -> None:
-        """Once, before the first epoch: where the run trains and how long an epoch is."""
+        """Once, before the first epoch: where the run trains, how long an epoch is, the method and its clusters."""
         if self.active:
             what = "resuming after" if state.epoch else "starting at"
+            sizes = cluster_sizes_phrase(state.labeler)
             self.say("line", f"[ncdlr] {world} worker(s) on {state.device.type}, {self.steps_per_epoch or '?'} steps per "
                              f"epoch, {what} epoch {state.epoch}/{self.cfg.optim.epochs}; method "
-                             f"{self.cfg.method.name}, {state.model.num_novel} novel clusters")
+                             f"{self.cfg.method.name}, {state.model.num_novel} novel clusters" + (f", {sizes}" if sizes else ""))
 
     def step(self, state, stats: dict[str, float]) -> None:
         """After every training step (``run_epoch``'s ``on_step``)."""

@@ -148,6 +148,7 @@ def test_cluster_job_trains_on_s3_data_across_two_nodes(tmp_path, s3_server, s3_
     metrics = check_metrics(output)
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("all", "known", "novel"))
     assert "[ncdlr] 2 worker(s) on cpu" in result.logs  # one DDP group of 2 workers, in our own console line
+    assert "sizes held at the adaptive prior" in result.logs  # the demo config's labeler, named on that line
     assert (output / "checkpoint.txt").read_text().strip().startswith(f"{s3_bucket}/runs/")
 
 
