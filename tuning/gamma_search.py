@@ -268,8 +268,13 @@ def format_table(rows: list[dict], planted: bool = False) -> str:
     return "\n".join(lines)
 
 
-def plot_scores(rows: list[dict], path: Path, space: SearchSpace, planted: bool = False) -> None:
-    """Score vs γ (log x) for the finite γ; the uniform limit as a separate star marker right of the range."""
+def _sizes_label(reg_m: float) -> str:
+    return "sizes held" if not reg_m else f"reg_m {reg_m:g}"
+
+
+def plot_scores(rows: list[dict], path: Path, space: SearchSpace, planted: bool = False) -> list[str]:
+    """Score vs γ (log x) for the finite γ; the uniform limit as star markers right of the range. When the size
+    relaxation was searched, each ``reg_m`` value has its own marker and legend entry. Returns the legend's labels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,26 +282,40 @@ def plot_scores(rows: list[dict], path: Path, space: SearchSpace, planted: bool 
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     scored = [r for r in rows if r.get("score") is not None]
-    finite, uniform = [r for r in scored if math.isfinite(r["gamma"])], [r for r in scored if math.isinf(r["gamma"])]
-    if finite:
-        points = ax.scatter([r["gamma"] for r in finite], [r["score"] for r in finite], c=[r["alpha"] for r in finite],
-                            cmap="viridis", s=[18 + 6 * (r.get("epoch") or 0) for r in finite])
-        fig.colorbar(points, ax=ax, label="α")
+    values = sorted({float(r.get("reg_m") or 0.0) for r in scored})
+    shapes = dict(zip(values, ("o", "s", "^", "D", "v", "P")))
+    stars = dict(zip(values, ("crimson", "darkorange", "purple", "teal", "black", "gray")))
+    points = None
     x_uniform = space.gamma_max * 3
-    for r in uniform:
-        ax.scatter([x_uniform], [r["score"]], marker="*", s=220, color="crimson", label="uniform prior (γ = ∞)")
+    for reg_m in values:
+        group = [r for r in scored if float(r.get("reg_m") or 0.0) == reg_m]
+        finite = [r for r in group if math.isfinite(r["gamma"])]
+        suffix = f", {_sizes_label(reg_m)}" if len(values) > 1 else ""
+        if finite:
+            points = ax.scatter([r["gamma"] for r in finite], [r["score"] for r in finite], marker=shapes.get(reg_m, "o"),
+                                c=[r["alpha"] for r in finite], cmap="viridis", vmin=space.alpha_min,
+                                vmax=space.alpha_max, s=[18 + 6 * (r.get("epoch") or 0) for r in finite],
+                                label=f"γ finite{suffix}" if suffix else None)
+        uniform = [r["score"] for r in group if math.isinf(r["gamma"])]
+        if uniform:
+            ax.scatter([x_uniform] * len(uniform), uniform, marker="*", s=220, color=stars.get(reg_m, "crimson"),
+                       label=f"uniform prior (γ = ∞){suffix}")
+    if points is not None:
+        fig.colorbar(points, ax=ax, label="α")
     ax.set_xscale("log")
     ax.set_xlim(space.gamma_min / 1.5, x_uniform * 1.8)
     ax.set_xlabel("γ (config units; marker size = epochs trained)")
     ax.set_ylabel("planted classes' mean F1 in the pool" if planted else "pseudo-novel class-mean accuracy")
     ax.set_title("γ/α search, known classes planted in the pool" if planted
                  else "γ/α search on the known-class validation split")
-    if uniform:
-        ax.legend(loc="best")
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:
+        ax.legend(loc="best", fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return labels
 
 
 def write_best_config(base: Config, best: dict, path: Path, note: str) -> Config:

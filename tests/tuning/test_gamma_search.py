@@ -73,6 +73,20 @@ def test_a_planted_search_names_its_score_and_drops_the_known_problem_columns():
     assert "score (pseudo-novel)" in known and "worst planted class" not in known
 
 
+def test_the_plot_gives_each_searched_size_relaxation_its_own_markers(tmp_path):
+    from ncdlr.service.tune import SearchSpace
+    from tuning.gamma_search import plot_scores
+
+    space = SearchSpace(1.0, 100.0, 0.25, 4.0, True, (0.0, 0.45))
+    rows = [{"gamma": g, "alpha": 1.0, "reg_m": r, "epoch": 2, "score": 0.5} for g in (UNIFORM, 10.0) for r in (0.0, 0.45)]
+    labels = plot_scores(rows, tmp_path / "relaxed.png", space, planted=True)
+    assert labels == ["γ finite, sizes held", "uniform prior (γ = ∞), sizes held", "γ finite, reg_m 0.45",
+                      "uniform prior (γ = ∞), reg_m 0.45"]
+    assert (tmp_path / "relaxed.png").stat().st_size > 1000
+    held = [r for r in rows if r["reg_m"] == 0.0]
+    assert plot_scores(held, tmp_path / "held.png", space) == ["uniform prior (γ = ∞)"]  # one star, one label
+
+
 def test_an_experiment_made_on_one_problem_is_not_resumed_on_the_other(tmp_path, capsys):
     """The stored validation table says which problem the experiment searches; --problem planted on an experiment
     made with the known-class problem (and the reverse) is one line and exit 2, before Ray starts."""
