@@ -16,8 +16,8 @@ Validation protocol (never looks at novel labels; ncdlr.service.validation):
   validation table is written once to <storage>/<name>/validation.parquet.
   With --problem planted the pseudo-novel classes are planted in the real unlabeled pool instead: the table's
   `novel` split is their training rows plus every novel row of the feature table (read for their embeddings;
-  their labels are replaced by a placeholder before anything uses them), the trials have Ku' + Ku clusters, and the score
-  is the planted classes' mean F1 against the clusters of the whole pool (ncdlr.metrics.planted_f1; a split,
+  their labels are replaced by a placeholder before anything uses them), the trials have Ku' + Ku clusters, and the
+  score is the planted classes' mean F1 against the clusters of the whole pool (ncdlr.metrics.planted_f1; a split,
   a merge with an unlabeled class and a cluster that swallows the pool all lower it). It keeps the real
   problem's sizes, long tail and number of clusters, which a few known classes posed alone do not; it is the
   rehearsal docs/tuning.md recommends for the cluster sizes (--reg-m 0 0.45).
@@ -282,18 +282,22 @@ def plot_scores(rows: list[dict], path: Path, space: SearchSpace, planted: bool 
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     scored = [r for r in rows if r.get("score") is not None]
-    values = sorted({float(r.get("reg_m") or 0.0) for r in scored})
+    def reg_m_of(row: dict) -> float:
+        return float(row.get("reg_m") or 0.0)
+
+    values = sorted({reg_m_of(r) for r in scored})
     shapes = dict(zip(values, ("o", "s", "^", "D", "v", "P")))
     stars = dict(zip(values, ("crimson", "darkorange", "purple", "teal", "black", "gray")))
     points = None
     x_uniform = space.gamma_max * 3
     for reg_m in values:
-        group = [r for r in scored if float(r.get("reg_m") or 0.0) == reg_m]
+        group = [r for r in scored if reg_m_of(r) == reg_m]
         finite = [r for r in group if math.isfinite(r["gamma"])]
         suffix = f", {_sizes_label(reg_m)}" if len(values) > 1 else ""
         if finite:
-            points = ax.scatter([r["gamma"] for r in finite], [r["score"] for r in finite], marker=shapes.get(reg_m, "o"),
-                                c=[r["alpha"] for r in finite], cmap="viridis", vmin=space.alpha_min,
+            points = ax.scatter([r["gamma"] for r in finite], [r["score"] for r in finite],
+                                marker=shapes.get(reg_m, "o"), c=[r["alpha"] for r in finite], cmap="viridis",
+                                vmin=space.alpha_min,
                                 vmax=space.alpha_max, s=[18 + 6 * (r.get("epoch") or 0) for r in finite],
                                 label=f"γ finite{suffix}" if suffix else None)
         uniform = [r["score"] for r in group if math.isinf(r["gamma"])]
@@ -386,8 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seed of the pseudo-novel choice and the hold-out")
     val.add_argument("--problem", choices=("known", "planted"), default="known",
                      help="'known': the pseudo-novel classes alone, scored on their held-out images; 'planted': "
-                          "planted among the table's novel rows (their labels never used), Ku' + Ku clusters, scored by "
-                          "their F1 in the whole pool — the rehearsal of record for the cluster sizes (--reg-m 0 0.45)")
+                          "planted among the table's novel rows (their labels never used), Ku' + Ku clusters, "
+                          "scored by their F1 in the whole pool — the rehearsal of record for the cluster sizes "
+                          "(--reg-m 0 0.45)")
     sp = parser.add_argument_group("search space and scheduler")
     sp.add_argument("--gamma-min", metavar="G", type=float, default=None,
                     help="lower end of log-uniform γ (default 50; embedded default 1). Small Ku needs small γ")

@@ -160,7 +160,8 @@ class EpochLog:
             sizes = cluster_sizes_phrase(state.labeler)
             self.say("line", f"[ncdlr] {world} worker(s) on {state.device.type}, {self.steps_per_epoch or '?'} steps per "
                              f"epoch, {what} epoch {state.epoch}/{self.cfg.optim.epochs}; method "
-                             f"{self.cfg.method.name}, {state.model.num_novel} novel clusters" + (f", {sizes}" if sizes else ""))
+                             f"{self.cfg.method.name}, {state.model.num_novel} novel clusters"
+                             + (f", {sizes}" if sizes else ""))
 
     def step(self, state, stats: dict[str, float]) -> None:
         """After every training step (``run_epoch``'s ``on_step``)."""

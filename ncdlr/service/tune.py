@@ -6,8 +6,8 @@ in feature-table mode, on the known-class validation table of :mod:`ncdlr.servic
 (Train V2) needs three workarounds, all kept here:
 
 * ``Tuner(TorchTrainer)`` fails under Train V2 ("Improper 'run'"), hence the function trainable; a Train
-  callback (:class:`ValidationScoreCallback`) scores each epoch's checkpoint (:class:`ScoringRows`) and hands the metrics
-  to the trial, whose own thread reports them to Tune (:func:`fit_reporting_to_tune`). Ray's
+  callback (:class:`ValidationScoreCallback`) scores each epoch's checkpoint (:class:`ScoringRows`) and hands the
+  metrics to the trial, whose own thread reports them to Tune (:func:`fit_reporting_to_tune`). Ray's
   ``TuneReportCallback`` is not used: it feeds the trial actor's main thread, and when ``fit()`` returns
   before Tune asks for the last epoch (a busy driver) the function's end-of-trial report fills Tune's
   one-slot result queue first and the main thread blocks forever putting the last epoch behind it: the

@@ -78,7 +78,8 @@ def test_the_plot_gives_each_searched_size_relaxation_its_own_markers(tmp_path):
     from tuning.gamma_search import plot_scores
 
     space = SearchSpace(1.0, 100.0, 0.25, 4.0, True, (0.0, 0.45))
-    rows = [{"gamma": g, "alpha": 1.0, "reg_m": r, "epoch": 2, "score": 0.5} for g in (UNIFORM, 10.0) for r in (0.0, 0.45)]
+    rows = [{"gamma": g, "alpha": 1.0, "reg_m": r, "epoch": 2, "score": 0.5}
+            for g in (UNIFORM, 10.0) for r in (0.0, 0.45)]
     labels = plot_scores(rows, tmp_path / "relaxed.png", space, planted=True)
     assert labels == ["γ finite, sizes held", "uniform prior (γ = ∞), sizes held", "γ finite, reg_m 0.45",
                       "uniform prior (γ = ∞), reg_m 0.45"]
