@@ -45,7 +45,9 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-uniform-relax and uno-relax (labeler.reg_m = 0.45: cluster sizes relaxed, semi-relaxed OT);
   ncdlr-uniform-relax015 and ncdlr-uniform-relax135 (the uniform prior with reg_m 0.15 and 1.35);
   ncdlr-uniform-relax-floor and ncdlr-uniform-relax015-floor (the same at 0.45 and 0.15 with
-  labeler.size_floor = known: no cluster below the rarest known class's share of the novel rows).
+  labeler.size_floor = known: no cluster below the rarest known class's share of the novel rows);
+  ncdlr-uniform-relax-hold1 (ncdlr-uniform-relax with the sizes held for the first epoch of self-labeling,
+  labeler.relax_after_epochs = 1).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
@@ -164,6 +166,9 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # the same with no cluster below the rarest known class's share of the novel rows (labeler.size_floor = known)
     "ncdlr-uniform-relax-floor": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "size_floor": "known"}},
     "ncdlr-uniform-relax015-floor": {"labeler": {"prior": "uniform", "reg_m": 0.15, "size_floor": "known"}},
+    # the configs' relaxed sizes after one epoch of self-labeling with the sizes held (labeler.relax_after_epochs):
+    # the balanced first pseudo-labels keep every cluster in use while the block is still untrained (session 28)
+    "ncdlr-uniform-relax-hold1": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_after_epochs": 1.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
@@ -472,11 +477,15 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: select_edits`), the first one the default. ``sizes``: the dataset config's transport (learned τ, sizes held at w)
 #: against relaxed sizes with the learned τ and relaxed sizes with the uniform prior (the variants ``ncdlr-relax``,
 #: ``ncdlr-uniform-relax``); ``uniform-sizes``: the same without the middle candidate (two thirds of the cost, for
-#: replicated rehearsals).
+#: replicated rehearsals); ``relax-hold``: the dataset configs' relaxed sizes (uniform prior, ρ 0.45) against the same
+#: after one epoch of held sizes (``labeler.relax_after_epochs`` 1, the variant ``ncdlr-uniform-relax-hold1``).
 EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M},
               "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}},
     "uniform-sizes": {"held": {}, "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}},
+    "relax-hold": {"uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M},
+                   "uniform-relaxed-hold1": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M,
+                                             "labeler.relax_after_epochs": 1.0}},
 }
 
 
@@ -697,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
                              "pseudo-novel classes, default) or pool (the pseudo-novel rows each run clustered)")
     parser.add_argument("--select-problem", choices=SELECT_PROBLEMS, default="known",
                         help="the validation problem of a --select-setting rehearsal: known (half the known classes "
-                             f"made pseudo-novel, alone; default) or planted ({PLANTED_FRACTION:.0%} of them planted in "
+                             f"made pseudo-novel, alone; default) or planted ({PLANTED_FRACTION * 100:.0f}%% of them planted in "
                              "the real unlabeled pool, whose labels are never read; choose on its pool score, the "
                              "planted classes' F1, with --select-score pool)")
     parser.add_argument("--trace", action="store_true",

@@ -84,6 +84,9 @@ class AdaptiveSelfLabeler(nn.Module):
             raise ValueError(f"size bounds hold relaxed sizes under a prior that does not learn: they need reg_m > 0 "
                              f"and prior uniform or fixed, got reg_m={reg_m}, prior={prior!r}")
         self.size_bounds = size_bounds
+        #: True while a warm-up holds the sizes at ``w`` despite ``reg_m`` > 0 (``labeler.relax_after_epochs``, set per
+        #: step by the training loop); a run-time switch, not state: the loop derives it from the step on resume
+        self.sizes_held = False
         self.n_iters = n_iters
         self.outer_steps = outer_steps
         self.gamma = gamma
@@ -122,8 +125,14 @@ class AdaptiveSelfLabeler(nn.Module):
     # -- state -------------------------------------------------------------------------------
     @property
     def kappa(self) -> float:
-        """The Sinkhorn column updates' power ``κ = ρ / (ρ + ε)`` (1: the sizes held at ``w``)."""
-        return size_exponent(self.reg_m, self.eps)
+        """The Sinkhorn column updates' power ``κ = ρ / (ρ + ε)`` (1: the sizes held at ``w``, also while
+        :attr:`sizes_held`)."""
+        return 1.0 if self.sizes_held else size_exponent(self.reg_m, self.eps)
+
+    @property
+    def active_bounds(self) -> tuple[float, float] | None:
+        """The size bounds the next solve applies: :attr:`size_bounds`, or None while the sizes are held at ``w``."""
+        return None if self.kappa == 1.0 else self.size_bounds
 
     @property
     def imbalance_factor(self) -> float:
@@ -156,7 +165,7 @@ class AdaptiveSelfLabeler(nn.Module):
     def objective(self, kernel: ScaledKernel, col_marginal: Tensor) -> tuple[Tensor, Tensor]:
         """``F(w)`` (0-d) for the prepared kernel and the marginal ``w [K]`` in cluster order; also returns the
         column potential ``ṽ [K]``. Differentiable in ``w``."""
-        v = kernel.column_scaling(col_marginal, self.n_iters, self.kappa, self.size_bounds)
+        v = kernel.column_scaling(col_marginal, self.n_iters, self.kappa, self.active_bounds)
         divergence = self.prior.divergence(col_marginal)
         value = -kernel.transport_gain(v) + self.gamma * divergence / self.num_clusters
         return value, v

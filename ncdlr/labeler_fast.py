@@ -231,9 +231,9 @@ class CapturedCall:
 
 
 class CapturedCalls:
-    """The labeler's captured calls, by shape, ``last``, device and the addresses of ``t`` and its momentum (a
-    state load replaces the momentum tensor, so an old graph is never replayed); the ``capacity`` most
-    recently used are kept."""
+    """The labeler's captured calls, by shape, ``last``, device, the addresses of ``t`` and its momentum (a
+    state load replaces the momentum tensor, so an old graph is never replayed) and the size exponent ``κ`` (baked
+    into a graph as a constant); the ``capacity`` most recently used are kept."""
 
     def __init__(self, capacity: int = 4) -> None:
         self.capacity = capacity
@@ -249,7 +249,8 @@ class CapturedCalls:
         """Replay the call for ``scores [N, K]`` (captured on first use): detached (labels, ``F``, ``w``), which
         the next replay overwrites."""
         t = labeler.prior.t
-        key = (tuple(scores.shape), last, scores.device, t.data_ptr(), momentum_buffer(labeler._optimizer, t).data_ptr())
+        key = (tuple(scores.shape), last, scores.device, t.data_ptr(), momentum_buffer(labeler._optimizer, t).data_ptr(),
+               labeler.kappa)  # κ is a constant of the graph: a warm-up that holds the sizes, then relaxes, needs two
         call = self._calls.pop(key, None) or CapturedCall(labeler, scores.shape, last, scores.device)
         self._calls[key] = call  # most recently used last
         while len(self._calls) > self.capacity:

@@ -158,6 +158,20 @@ def test_cuda_graph_replay_matches_eager_calls(prior, extra):
     assert graphed.imbalance_factor == pytest.approx(eager.imbalance_factor, rel=1e-6)
 
 
+def test_cuda_graphs_follow_the_relaxations_warm_up_from_held_to_relaxed_sizes():
+    """κ is a constant of a captured graph: a labeler whose sizes are held (``sizes_held``, κ = 1) and then relaxed
+    (κ = 0.9) replays a graph per κ and follows the eager labeler through the switch."""
+    graphed = AdaptiveSelfLabeler(40, gamma=5.0, reg_m=0.45).to(CUDA)
+    eager = copy.deepcopy(graphed)
+    eager.cuda_graphs = False
+    for call in range(6):
+        graphed.sizes_held = eager.sizes_held = call < 3
+        s = scores(seed=call).to(CUDA)
+        torch.testing.assert_close(graphed(s, last=100), eager(s, last=100), rtol=1e-5, atol=1e-6)
+        assert graphed.imbalance_factor == pytest.approx(eager.imbalance_factor, rel=1e-6)
+    assert len(graphed._graphs) == 2, "one graph per size exponent"
+
+
 def test_cuda_graph_path_refuses_non_finite_scores_before_touching_t():
     labeler = AdaptiveSelfLabeler(40, gamma=5.0).to(CUDA)
     s = scores().to(CUDA)

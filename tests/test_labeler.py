@@ -185,7 +185,8 @@ def test_from_config_takes_every_labeler_field_of_the_config():
                  LabelerConfig(prior="uniform", reg_m=0.2, size_floor="0.01"), 20).size_bounds == (0.01, 1.0)
              and labeler.size_bounds is None}
     assert all(taken.values()), taken
-    labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer"}  # the discovery step's
+    # the discovery step's, and the training loop's (it sets sizes_held per step from relax_after_epochs)
+    labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer", "relax_after_epochs"}
     assert set(taken) == labeler_fields
     assert AdaptiveSelfLabeler.from_config(LabelerConfig(), 20).prior.kind == "adaptive"  # max_imbalance 0 = none
     sizes = torch.arange(1.0, 21.0)
@@ -195,6 +196,26 @@ def test_from_config_takes_every_labeler_field_of_the_config():
         AdaptiveSelfLabeler.from_config(LabelerConfig(prior="uniform", reg_m=0.2, size_floor="known"), 20)
     fixed = AdaptiveSelfLabeler.from_config(LabelerConfig(prior="fixed"), 20, fixed_prior=sizes)
     assert fixed.imbalance_factor == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("prior, bounds", [("uniform", None), ("uniform", (0.02, 1.0)), ("adaptive", None)])
+def test_held_sizes_solve_as_reg_m_zero_and_release_the_relaxation_afterwards(prior, bounds):
+    """``sizes_held`` (the relaxation's warm-up, ``labeler.relax_after_epochs``): the solve is the one of
+    ``reg_m = 0`` (κ = 1, the size bounds off), τ included; switched off, the relaxed solve comes back."""
+    scores = torch.randn(96, 6).clamp(-1, 1)
+    held = AdaptiveSelfLabeler(6, prior=prior, gamma=3.0, reg_m=0.45, size_bounds=bounds)
+    relaxed = AdaptiveSelfLabeler(6, prior=prior, gamma=3.0, reg_m=0.45, size_bounds=bounds)
+    exact = AdaptiveSelfLabeler(6, prior=prior, gamma=3.0)
+    held.sizes_held = True
+    assert held.kappa == 1.0 and held.active_bounds is None
+    torch.testing.assert_close(held(scores), exact(scores))
+    assert held.imbalance_factor == pytest.approx(exact.imbalance_factor)
+    held.sizes_held = False
+    assert held.kappa == pytest.approx(0.9) and held.active_bounds == bounds
+    relaxed.load_state_dict(held.state_dict())
+    labels = held(scores)
+    torch.testing.assert_close(labels, relaxed(scores))
+    assert not torch.allclose(labels, exact(scores), atol=1e-3)
 
 
 def test_wrong_number_of_clusters_in_scores_is_a_clear_error():

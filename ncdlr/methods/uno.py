@@ -33,7 +33,7 @@ class UNO(Method):
     requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
     #: UNO as published holds its clusters' sizes: a dataset config's relaxed sizes (chosen for ncdlr) do not carry
     #: over to ``--method.name uno``; ``--labeler.reg_m`` on the command line still relaxes UNO's Sinkhorn
-    file_resets = {"labeler.reg_m": 0.0, "labeler.size_floor": "none"}
+    file_resets = {"labeler.reg_m": 0.0, "labeler.size_floor": "none", "labeler.relax_after_epochs": 0.0}
 
     def __init__(self, cfg: MethodConfig, balanced: AdaptiveSelfLabeler,
                  extra_labelers: list[AdaptiveSelfLabeler] | None = None):

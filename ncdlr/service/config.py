@@ -202,6 +202,7 @@ def _prior_learns(kind: str) -> bool:
 
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
                               "labeler.gamma_per_cluster": 0.0, "labeler.reg_m": 0.0, "labeler.max_imbalance": 0.0,
+                              "labeler.relax_after_epochs": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
                               "optim.average_epochs": 0.0, "model.heads": 1}  #: numeric keys with a lower bound
 
@@ -316,6 +317,11 @@ def resolve(settings: list[Setting]) -> Config:
     if cfg.optim.known_warmup_epochs and cfg.optim.known_warmup_epochs >= cfg.optim.epochs:
         raise ConfigError(f"optim.known_warmup_epochs={cfg.optim.known_warmup_epochs:g} leaves none of the "
                           f"{cfg.optim.epochs} epochs (optim.epochs) for discovering the novel classes; lower it")
+    discovery_epochs = cfg.optim.epochs - cfg.optim.known_warmup_epochs
+    if cfg.labeler.relax_after_epochs and cfg.labeler.relax_after_epochs >= discovery_epochs:
+        raise ConfigError(f"labeler.relax_after_epochs={cfg.labeler.relax_after_epochs:g} holds the cluster sizes for "
+                          f"all {discovery_epochs:g} epochs of self-labeling (optim.epochs − optim.known_warmup_epochs), "
+                          f"so labeler.reg_m never relaxes them; lower it, or set labeler.reg_m 0 for held sizes")
     if 0 < cfg.labeler.max_imbalance <= 1:
         raise ConfigError(f"labeler.max_imbalance={cfg.labeler.max_imbalance:g}: an imbalance (largest over smallest "
                           f"size) is > 1, or 0 for the known classes' own")

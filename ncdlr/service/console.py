@@ -108,14 +108,16 @@ class ConsoleRelay:
             return 0
 
 
-def cluster_sizes_phrase(labeler: AdaptiveSelfLabeler | None) -> str:
+def cluster_sizes_phrase(labeler: AdaptiveSelfLabeler | None, relax_after_epochs: float = 0.0) -> str:
     """How a self-labeler treats its clusters' sizes, for the run's first line: held at its prior's marginal, or
-    relaxed towards it (``reg_m`` > 0, the paper's relaxed OT when the prior is uniform); "" without a labeler."""
+    relaxed towards it (``reg_m`` > 0, the paper's relaxed OT when the prior is uniform), after ``relax_after_epochs``
+    held; "" without a labeler."""
     if labeler is None:
         return ""
     kind = labeler.prior.kind
     if labeler.reg_m > 0:
-        return f"sizes relaxed towards the {kind} prior (reg_m {labeler.reg_m:g})"
+        held = f" after {relax_after_epochs:g} epoch(s) held" if relax_after_epochs > 0 else ""
+        return f"sizes relaxed towards the {kind} prior (reg_m {labeler.reg_m:g}){held}"
     return f"sizes held at the {kind} prior"
 
 
@@ -157,7 +159,7 @@ class EpochLog:
         """Once, before the first epoch: where the run trains, how long an epoch is, the method and its clusters."""
         if self.active:
             what = "resuming after" if state.epoch else "starting at"
-            sizes = cluster_sizes_phrase(state.labeler)
+            sizes = cluster_sizes_phrase(state.labeler, self.cfg.labeler.relax_after_epochs)
             self.say("line", f"[ncdlr] {world} worker(s) on {state.device.type}, {self.steps_per_epoch or '?'} steps per "
                              f"epoch, {what} epoch {state.epoch}/{self.cfg.optim.epochs}; method "
                              f"{self.cfg.method.name}, {state.model.num_novel} novel clusters"

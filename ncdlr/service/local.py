@@ -52,7 +52,8 @@ def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device |
     method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior, heads=model.num_heads)
     if method.uses_buffer:
         method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, buffer_width(model.num_novel, model.num_heads), device))
-    state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device), seed=cfg.run.seed)
+    state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device), seed=cfg.run.seed,
+                               relax_after_epochs=cfg.labeler.relax_after_epochs)
     compile_forward(state, cfg.optim)
     return state
 

@@ -101,6 +101,7 @@ class WorkerState:
     tau_history: list[float] = field(default_factory=list)
     forward: torch.nn.Module | None = None  # DDP wrapper of ``model`` when distributed, else None (use model)
     discovery_from: int = 0  # first global step with self-labeling and the novel loss (optim.known_warmup_epochs)
+    relax_from: int = 0  # first discovery step whose solves relax the sizes by reg_m (labeler.relax_after_epochs)
     seed: int = 0  # the run's seed: with the step and the rank it draws each step's mixup pairing (optim.mixup)
     average: AveragedModel | None = None  # the weights' moving average (optim.average_epochs), updated every step
     # model.heads > 1: each head's novel loss summed over this epoch's discovery steps ([H], on the device; reset
@@ -140,8 +141,9 @@ def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float):
 
 
 def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, steps_per_epoch: int,
-                       device: torch.device, seed: int = 0) -> WorkerState:
-    """AdamW over the trainable parameters and the LR schedule; the model and the method's labeler on ``device``."""
+                       device: torch.device, seed: int = 0, relax_after_epochs: float = 0.0) -> WorkerState:
+    """AdamW over the trainable parameters and the LR schedule; the model and the method's labeler on ``device``.
+    ``relax_after_epochs``: epochs of self-labeling whose solves hold the sizes before ``reg_m`` relaxes them."""
     model.to(device)
     if optim.channels_last:
         model.to(memory_format=torch.channels_last)
@@ -155,7 +157,8 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
     warm = max(1, int(round(optim.warmup_epochs * steps_per_epoch)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warm, optim.min_lr / optim.lr))
     return WorkerState(model, method, optimizer, scheduler, device,
-                       discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)), seed=seed,
+                       discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)),
+                       relax_from=int(round(relax_after_epochs * steps_per_epoch)), seed=seed,
                        average=moving_average(model, optim.average_epochs, steps_per_epoch))
 
 
@@ -215,6 +218,7 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
     if state.discovery_step < 0:  # known-class warm-up: no pseudo-labels (the buffer and τ wait too)
         loss_u, times = zs.sum() * 0.0, {"exchange": 0.0, "ot": 0.0}
     else:
+        hold_sizes(method, state.discovery_step < state.relax_from)
         targets, times = method.novel_targets_heads(views, zn1, zn2, novel_valid, state.discovery_step)
         q = targets[0]
         count_pseudo_labels(state, q, novel_valid)
@@ -246,6 +250,14 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         "bad_images": float((~batch.known_valid).sum() + (~batch.novel_valid).sum()),
         "exchange_s": times["exchange"], "ot_s": times["ot"],
     }
+
+
+def hold_sizes(method: Method, held: bool) -> None:
+    """Hold (``held``) or relax the cluster sizes of every labeler of ``method`` for the next solve: the relaxation's
+    warm-up (``labeler.relax_after_epochs``). Derived from the step each time, so a resumed run holds and relaxes
+    in the same steps as an uninterrupted one. No effect where ``reg_m`` is 0."""
+    for labeler in method.labelers:
+        labeler.sizes_held = held
 
 
 def count_pseudo_labels(state: WorkerState, q: torch.Tensor, valid: torch.Tensor) -> None:

@@ -43,7 +43,8 @@ def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.
     model = build_model(cfg.model, summary.num_known, num_novel, image_size=cfg.data.image_size)
     method = build_method(cfg.method, cfg.labeler, num_novel, fixed_prior=fixed_prior_counts(cfg, summary),
                           heads=cfg.model.heads)
-    state = build_worker_state(cfg.optim, model, method, steps, device, seed=cfg.run.seed)
+    state = build_worker_state(cfg.optim, model, method, steps, device, seed=cfg.run.seed,
+                               relax_after_epochs=cfg.labeler.relax_after_epochs)
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 

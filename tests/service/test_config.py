@@ -136,3 +136,14 @@ def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negativ
         load_config(None, ["--known-warmup-epochs", "-1"])
     with pytest.raises(ConfigError, match="leaves none of the 2 epochs"):
         load_config(None, ["--epochs", "2", "--known-warmup-epochs", "2"])
+
+
+def test_the_relaxations_warm_up_must_leave_relaxed_epochs_and_be_non_negative():
+    """``labeler.relax_after_epochs``: held sizes for that many epochs of self-labeling (after the known-class
+    warm-up), then ``reg_m``; holding them for every such epoch would make reg_m a dead setting, so it is refused."""
+    relaxed = ["--labeler.prior", "uniform", "--labeler.reg_m", "0.45"]
+    assert load_config(None, relaxed + ["--labeler.relax_after_epochs", "1"]).labeler.relax_after_epochs == 1.0
+    with pytest.raises(ConfigError, match="labeler.relax_after_epochs.*must be >= 0"):
+        load_config(None, relaxed + ["--labeler.relax_after_epochs", "-1"])
+    with pytest.raises(ConfigError, match="holds the cluster sizes for all 1 epochs of self-labeling"):
+        load_config(None, relaxed + ["--epochs", "2", "--known-warmup-epochs", "1", "--labeler.relax_after_epochs", "1"])

@@ -94,6 +94,25 @@ def test_known_warmup_trains_the_known_classes_alone_then_self_labeling_starts_o
     assert joint["loss_u"] > 0 and state.labeler.imbalance_factor != pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("known_warmup", [0.0, 1.0])
+def test_the_relaxations_warm_up_holds_the_sizes_for_its_epochs_of_self_labeling_then_relaxes(splits, known_warmup):
+    """``labeler.relax_after_epochs = 1``: every solve of the first epoch of self-labeling (counted after a known-class
+    warm-up) holds the sizes (κ = 1), every later one relaxes them by ``reg_m`` (κ = ρ / (ρ + ε) = 0.9)."""
+    cfg = small_config()
+    cfg.labeler.prior, cfg.labeler.reg_m, cfg.labeler.relax_after_epochs = "uniform", 0.45, 1.0
+    cfg.optim.known_warmup_epochs = known_warmup
+    state = new_state(cfg, splits)
+    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
+    assert state.relax_from == steps
+    kappas: list[float] = []
+    targets = state.method.novel_targets_heads
+    state.method.novel_targets_heads = lambda *args: (kappas.append(state.labeler.kappa), targets(*args))[1]
+    for epoch in range(3):
+        run_epoch(state, batches(splits, cfg, epoch), cfg.optim)
+    discovery = 3 * steps - int(known_warmup * steps)
+    assert kappas == [1.0] * steps + [pytest.approx(0.9)] * (discovery - steps)
+
+
 def test_an_epoch_reports_how_many_clusters_its_pseudo_labels_left_empty(splits):
     """``clusters_empty`` / ``cluster_imbalance``: the epoch's hard pseudo-labels (both views, valid rows) counted
     per novel cluster, read from the targets the steps trained on; none in a known-class warm-up epoch."""
@@ -441,15 +460,20 @@ def _train(state, cfg, splits, epochs):
     return history
 
 
-@pytest.mark.parametrize("mixup, average, heads", [(0.0, 0.0, 1), (0.4, 0.0, 1), (0.0, 0.5, 1), (0.0, 0.5, 3)])
-def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup, average, heads):
+@pytest.mark.parametrize("mixup, average, heads, relax", [(0.0, 0.0, 1, False), (0.4, 0.0, 1, False),
+                                                         (0.0, 0.5, 1, False), (0.0, 0.5, 3, False), (0.0, 0.0, 1, True)])
+def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup, average, heads, relax):
     """With mixup too: each step's pairing is drawn from (seed, step, rank), so a resumed run pairs as before.
     With a moving average of the weights (``optim.average_epochs``) the average goes on where it stopped, and
     evaluation reads it from the checkpoint (``inference_state``). With several heads (``model.heads``) every
-    head's labeler and the selected head come back too."""
+    head's labeler and the selected head come back too. With the relaxation's warm-up (``relax``: sizes held for
+    the first 7 steps, relaxed from the 8th, inside the resumed epochs) the resumed run switches at the same step."""
     cfg = small_config()
     cfg.optim.mixup, cfg.optim.average_epochs, cfg.model.heads = mixup, average, heads
     cfg.data.max_steps_per_epoch = 5
+    if relax:
+        cfg.labeler.reg_m = 0.45
+        cfg.labeler.relax_after_epochs = 7 / steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
     full = new_state(cfg, splits)
     full_history = _train(full, cfg, splits, 3)
 
