@@ -33,6 +33,12 @@ training rows (:func:`cluster_sizes`, label-free: the argmax over the novel colu
 how many of the Ku clusters hold no row, and the largest over the smallest non-empty cluster, against the same
 ratio of the true novel classes' training counts.
 
+With ``--routing`` it also prints, per (dataset, variant), how much of the test novel accuracy is lost between the
+known and the novel columns rather than among the novel clusters (:func:`routing`): the novel test images'
+class-mean accuracy when only the novel columns compete (task-aware, ``test_novel_pred``, its own Hungarian
+matching, as the training pool's ``train novel`` is scored) against the headline (all K columns), the share of
+novel test images predicted into a known column, and of known test images into a novel one.
+
 With ``--gap A B`` (two variants) it also prints the **paired gap** A − B of test novel accuracy over the seeds both
 have, with two standard errors (:func:`paired_gap`): the seeds' (the spread of the per-seed differences) and the test
 split's (a bootstrap of the test images within each novel class, the seeds' correctness held fixed) — the second
@@ -42,7 +48,7 @@ shrink.
 Usage::
 
     .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
-        --results /work/cache/quality-rec [--gap ncdlr uno] [--holdout-view] [--known]
+        --results /work/cache/quality-rec [--gap ncdlr uno] [--holdout-view] [--known] [--routing]
 """
 
 from __future__ import annotations
@@ -142,6 +148,30 @@ def known_detail(y_true: np.ndarray, num_known: int, train_counts: list[int], ce
     known_rows = y_true < num_known
     return {"seeds": len(cells), "known": float(acc.mean()), "to_novel": float(to_novel[:, known_rows].mean() * 100),
             "classes": [(c, int(train_counts[c]), float(a), float(n)) for c, a, n in zip(known_classes, acc, share)]}
+
+
+def routing(y_true: np.ndarray, num_known: int, cells: list[dict]) -> dict[str, float]:
+    """Where the novel test images are lost, over ``cells`` (one per seed, each with ``test_pred [N]`` over all K
+    columns and ``test_novel_pred [N]`` over the novel columns ``0..Ku-1``; ``y_true [N]``), means and stds (ddof 1)
+    over the seeds, in %: ``novel`` the headline (all K columns, the test split's one matching), ``novel_only`` the
+    novel images' class-mean accuracy with only the novel columns competing (their own Hungarian matching),
+    ``novel_to_known`` the share of novel test images predicted into a known column, ``known_to_novel`` the share
+    of known test images predicted into a novel one. ``novel_only − novel`` is what the known/novel boundary costs."""
+    novel_rows, known_rows = y_true >= num_known, y_true < num_known
+    novel_classes = [int(c) for c in np.unique(y_true[novel_rows])]
+    readings: dict[str, list[float]] = {"novel": [], "novel_only": [], "novel_to_known": [], "known_to_novel": []}
+    for cell in cells:
+        test_pred, novel_pred = np.asarray(cell["test_pred"]), np.asarray(cell["test_novel_pred"])
+        correct = correct_under_matching(y_true, test_pred)[None]
+        readings["novel"].append(per_class_accuracy(correct, y_true, novel_classes).mean() * 100)
+        only = correct_under_matching(y_true[novel_rows], novel_pred[novel_rows] + num_known)[None]
+        readings["novel_only"].append(per_class_accuracy(only, y_true[novel_rows], novel_classes).mean() * 100)
+        readings["novel_to_known"].append((test_pred[novel_rows] < num_known).mean() * 100)
+        readings["known_to_novel"].append((test_pred[known_rows] >= num_known).mean() * 100)
+    out: dict[str, float] = {"seeds": len(cells)}
+    for name, values in readings.items():
+        out[name], out[f"{name}_std"] = float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return out
 
 
 def head_detail(cells: list[dict]) -> dict | None:
@@ -244,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                         "known class's accuracy and share predicted into a novel column, by training count")
     parser.add_argument("--heads", action="store_true", help="also print, for cells of model.heads > 1, the test "
                         "novel accuracy of the head chosen by the novel loss against the heads' mean, best and worst")
+    parser.add_argument("--routing", action="store_true", help="also print what the known/novel boundary costs the "
+                        "novel test images: their accuracy with only the novel columns competing against the headline, "
+                        "and the shares routed across the boundary (novel → known, known → novel)")
     parser.add_argument("--sizes", action="store_true", help="also print the sizes of the novel clusters on the "
                         "novel training rows (label-free): clusters holding no row, largest / smallest non-empty")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
@@ -287,6 +320,20 @@ def main(argv: list[str] | None = None) -> int:
                 k = known_detail(y_true, num_known, train_counts, cells)
                 classes = "; ".join(f"{n}: {a:.1f} / {v:.1f}" for _, n, a, v in k["classes"])
                 print(f"| {variant} | {k['seeds']} | {k['known']:.1f} | {k['to_novel']:.1f} | {classes} |")
+            print()
+        if args.routing:
+            print(f"\n{dataset}, the known/novel boundary: test novel class-mean (%) over all K columns (the headline) "
+                  "and with only the novel columns competing; shares of test images routed across it\n")
+            print("| method | seeds | novel (all K columns) | novel (novel columns only) | novel → known | known → novel |")
+            print("|---|---|---|---|---|---|")
+            for variant in args.variants:
+                cells = [c for c in kept[variant].values() if c.get("test_novel_pred") is not None]
+                if not cells:
+                    continue
+                r = routing(y_true, num_known, cells)
+                print(f"| {variant} | {r['seeds']} | {r['novel']:.1f} ± {r['novel_std']:.1f} | "
+                      f"{r['novel_only']:.1f} ± {r['novel_only_std']:.1f} | {r['novel_to_known']:.1f} ± "
+                      f"{r['novel_to_known_std']:.1f} % | {r['known_to_novel']:.1f} ± {r['known_to_novel_std']:.1f} % |")
             print()
         if args.heads:
             print(f"\n{dataset}, several heads: test novel class-mean (%) of the head the novel loss chose, and of the "

@@ -227,3 +227,34 @@ def test_the_command_prints_the_sizes_table_when_asked(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(true classes: 2)" in out  # training counts of the novel classes 1, 2: 2 and 1
     assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) | 0.69 ± 0.00 |" in out.splitlines()  # all rows in cluster 0: log 2
+
+
+def test_routing_separates_the_known_novel_boundary_from_the_clustering_of_the_novel_images():
+    """Known 0, 1; novel 2, 3 (three test images each). The novel columns alone cluster both novel classes right in
+    both seeds (novel only: 100); over all K columns seed 0 sends one image of class 3 to known class 0 (that class
+    loses a third: 100 and 66.7, mean 83.3) and seed 1 also one known image of class 1 to a novel column."""
+    seed_spread = load_benchmark("seed_spread")
+    y_true = np.array([0, 0, 1, 1, 2, 2, 2, 3, 3, 3])
+    novel_only = [1, 1, 1, 1, 0, 0, 0, 1, 1, 1]  # task-aware: the columns are named by their own matching
+    cells = [{"test_pred": [0, 0, 1, 1, 2, 2, 2, 3, 3, 0], "test_novel_pred": novel_only},
+             {"test_pred": [0, 0, 1, 3, 2, 2, 2, 3, 3, 0], "test_novel_pred": novel_only}]
+    r = seed_spread.routing(y_true, 2, cells)
+    assert r["seeds"] == 2
+    assert r["novel_only"] == pytest.approx(100.0) and r["novel_only_std"] == pytest.approx(0.0)
+    assert r["novel"] == pytest.approx((100 + 200 / 3) / 2)
+    assert r["novel_to_known"] == pytest.approx(100 / 6)
+    assert r["known_to_novel"] == pytest.approx((0 + 25) / 2)
+    assert r["known_to_novel_std"] == pytest.approx(np.std([0, 25], ddof=1))
+
+
+def test_the_command_prints_the_routing_table_when_asked(tmp_path, capsys):
+    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
+    argv = command_on_a_tiny_table(tmp_path, [0, 0, 0, 1, 2, 2], [0, 0, 1, 1, 2], num_known=2)
+    cell = {"test_pred": [0, 0, 1, 2, 2], "test_novel_pred": [0, 0, 0, 0, 0], "novel_train": {"all": 1.0}}
+    for seed in (0, 1):
+        quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(cell))
+    assert seed_spread.main(argv) == 0
+    assert "novel → known" not in capsys.readouterr().out
+    assert seed_spread.main([*argv, "--routing"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ncdlr | 2 |")]
+    assert row == ["| ncdlr | 2 | 100.0 ± 0.0 | 100.0 ± 0.0 | 0.0 ± 0.0 % | 25.0 ± 0.0 % |"]
