@@ -34,7 +34,7 @@ class LabelerConfig:
     reg_m: float = 0.0  #: ρ ≥ 0; > 0 relaxes the transport's column marginal too (semi-relaxed OT, POT's reg_m): cluster sizes are pulled towards w by ρ·KL(Yᵀ1‖w) instead of held at w; 0 = held (the paper's). Compare with ε: each Sinkhorn column update is raised to ρ/(ρ+ε)
     max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); 0: the known classes' training n_max/n_min, filled in by the trainer for those priors
     size_floor: str = "none"  #: with reg_m > 0 and prior uniform (or fixed): the smallest share of a solve's rows a cluster keeps — "none" | "known" (the rarest known class's training count over the novel training rows, filled in by the trainer: no novel cluster shrinks below the rarest labelled class) | a share in (0, 1/Ku], e.g. "0.005"
-    relax_after_epochs: float = 0.0  #: with reg_m > 0: the first epochs of self-labeling hold the cluster sizes at w (as reg_m 0 would), then reg_m relaxes them; 0: relaxed from the first step. A warm-up against early merges of two classes under relaxed sizes (results.md, session 28)
+    relax_after_epochs: float = 0.0  #: with reg_m > 0: the first epochs of self-labeling hold the cluster sizes at w (as reg_m 0 would), then reg_m relaxes them; 0: relaxed from the first step. Built against the relaxed sizes' seed spread; measured (results.md, session 28): 1 epoch narrowed no spread and cost 1.9 novel points over seven partitions, so every config keeps 0
 
     def gamma_for(self, num_clusters: int) -> float:
         """The γ a labeler of ``Ku = num_clusters`` uses: ``gamma_per_cluster · Ku`` when that is set, else ``gamma``."""
