@@ -165,12 +165,20 @@ def test_known_detail_says_which_known_classes_lose_their_images_and_to_what():
     assert k["classes"][2][2:] == pytest.approx((0.0, 75.0)) and k["classes"][1][2:] == pytest.approx((50.0, 50.0))
 
 
-def test_the_command_prints_the_known_table_when_asked(tmp_path, capsys):
-    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
+def command_on_two_tiny_cells(tmp_path) -> list[str]:
+    """:func:`command_on_a_tiny_table` with known 0, 1 and novel 2, and two identical ``ncdlr`` cells: one known
+    test image of class 1 predicted into the novel column, the novel test image right."""
+    quality = load_benchmark("quality")
     argv = command_on_a_tiny_table(tmp_path, [0, 0, 0, 1, 2, 2], [0, 0, 1, 1, 2], num_known=2)
     cell = {"test_pred": [0, 0, 1, 2, 2], "test_novel_pred": [0, 0, 0, 0, 0], "novel_train": {"all": 1.0}}
     for seed in (0, 1):
         quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(cell))
+    return argv
+
+
+def test_the_command_prints_the_known_table_when_asked(tmp_path, capsys):
+    seed_spread = load_benchmark("seed_spread")
+    argv = command_on_two_tiny_cells(tmp_path)
     assert seed_spread.main(argv) == 0
     assert "known → novel" not in capsys.readouterr().out
     assert seed_spread.main([*argv, "--known"]) == 0
@@ -248,11 +256,8 @@ def test_routing_separates_the_known_novel_boundary_from_the_clustering_of_the_n
 
 
 def test_the_command_prints_the_routing_table_when_asked(tmp_path, capsys):
-    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
-    argv = command_on_a_tiny_table(tmp_path, [0, 0, 0, 1, 2, 2], [0, 0, 1, 1, 2], num_known=2)
-    cell = {"test_pred": [0, 0, 1, 2, 2], "test_novel_pred": [0, 0, 0, 0, 0], "novel_train": {"all": 1.0}}
-    for seed in (0, 1):
-        quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None).write_text(json.dumps(cell))
+    seed_spread = load_benchmark("seed_spread")
+    argv = command_on_two_tiny_cells(tmp_path)
     assert seed_spread.main(argv) == 0
     assert "novel → known" not in capsys.readouterr().out
     assert seed_spread.main([*argv, "--routing"]) == 0
