@@ -479,13 +479,12 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: ``ncdlr-uniform-relax``); ``uniform-sizes``: the same without the middle candidate (two thirds of the cost, for
 #: replicated rehearsals); ``relax-hold``: the dataset configs' relaxed sizes (uniform prior, ρ 0.45) against the same
 #: after one epoch of held sizes (``labeler.relax_after_epochs`` 1, the variant ``ncdlr-uniform-relax-hold1``).
+UNIFORM_RELAXED: dict[str, object] = {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}  #: the configs' sizes
 EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
-    "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M},
-              "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}},
-    "uniform-sizes": {"held": {}, "uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}},
-    "relax-hold": {"uniform-relaxed": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M},
-                   "uniform-relaxed-hold1": {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M,
-                                             "labeler.relax_after_epochs": 1.0}},
+    "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M}, "uniform-relaxed": UNIFORM_RELAXED},
+    "uniform-sizes": {"held": {}, "uniform-relaxed": UNIFORM_RELAXED},
+    "relax-hold": {"uniform-relaxed": UNIFORM_RELAXED,
+                   "uniform-relaxed-hold1": {**UNIFORM_RELAXED, "labeler.relax_after_epochs": 1.0}},
 }
 
 
@@ -706,9 +705,10 @@ def main(argv: list[str] | None = None) -> int:
                              "pseudo-novel classes, default) or pool (the pseudo-novel rows each run clustered)")
     parser.add_argument("--select-problem", choices=SELECT_PROBLEMS, default="known",
                         help="the validation problem of a --select-setting rehearsal: known (half the known classes "
-                             f"made pseudo-novel, alone; default) or planted ({PLANTED_FRACTION * 100:.0f}%% of them planted in "
-                             "the real unlabeled pool, whose labels are never read; choose on its pool score, the "
-                             "planted classes' F1, with --select-score pool)")
+                             "made pseudo-novel, alone; default) or planted "
+                             f"({PLANTED_FRACTION * 100:.0f}%% of them planted in the real unlabeled pool, whose labels "
+                             "are never read; choose on its pool score, the planted classes' F1, with --select-score "
+                             "pool)")
     parser.add_argument("--trace", action="store_true",
                         help="record per epoch how the novel training rows are clustered (cells cached as *-trace.json)")
     parser.add_argument("--holdout-view", action="store_true",

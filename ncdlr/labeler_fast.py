@@ -249,8 +249,9 @@ class CapturedCalls:
         """Replay the call for ``scores [N, K]`` (captured on first use): detached (labels, ``F``, ``w``), which
         the next replay overwrites."""
         t = labeler.prior.t
-        key = (tuple(scores.shape), last, scores.device, t.data_ptr(), momentum_buffer(labeler._optimizer, t).data_ptr(),
-               labeler.kappa)  # κ is a constant of the graph: a warm-up that holds the sizes, then relaxes, needs two
+        # κ is a constant of the graph: a warm-up that holds the sizes, then relaxes them, needs two graphs
+        key = (tuple(scores.shape), last, scores.device, t.data_ptr(),
+               momentum_buffer(labeler._optimizer, t).data_ptr(), labeler.kappa)
         call = self._calls.pop(key, None) or CapturedCall(labeler, scores.shape, last, scores.device)
         self._calls[key] = call  # most recently used last
         while len(self._calls) > self.capacity:

@@ -47,7 +47,8 @@ def test_an_epoch_whose_pseudo_labels_left_clusters_empty_says_so_in_a_warning_l
 
 def test_the_first_line_says_how_the_clusters_sizes_are_treated():
     """Held at the prior's marginal (the paper's algorithm), relaxed towards it (the dataset configs' uniform prior
-    with reg_m 0.45; after a warm-up of held sizes with labeler.relax_after_epochs), or nothing for a method without a self-labeler."""
+    with reg_m 0.45; after a warm-up of held sizes with labeler.relax_after_epochs), or nothing for a method without
+    a self-labeler."""
     from ncdlr.labeler import AdaptiveSelfLabeler
     from ncdlr.service.console import cluster_sizes_phrase
 
