@@ -193,7 +193,7 @@ class EpochLog:
         # is not mistaken for slow training (docs/benchmarks.md, "GPU input path").
         start_up = (f", first batch after {metrics['first_batch_s']:.1f}s, first step {metrics['first_step_s']:.1f}s"
                     if state.epoch == 1 and "first_batch_s" in metrics else "")
-        self.say("line", f"[ncdlr] epoch {state.epoch}/{self.cfg.optim.epochs} done in {metrics['epoch_s']:.1f}s: loss "
+        self.say("line", f"[ncdlr] epoch {state.epoch}/{self.cfg.optim.epochs} done in {metrics['epoch_s']:.2f}s: loss "
             f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
             f"({metrics['steps_per_s']:.2f} steps/s, data wait {metrics.get('data_share', 0.0):.0%}{start_up})"
             + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""))
