@@ -147,9 +147,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="the sweep's shifts b of the novel cosines: N values from FROM to TO")
     parser.add_argument("--holdout-view", action="store_true", help="train without each training row's last view, "
                         "as quality.py --holdout-view (OpenClipart-LT's registered cells)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: two runs side by side on 2 cores, "
+                        "as quality.py --workers 2 runs its cells)")
     quality.add_table_argument(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
+    import torch
+
+    torch.set_num_threads(args.threads)
     offsets = np.linspace(args.offsets[0], args.offsets[1], int(args.offsets[2]))
     rows, sweeps = [], []
     for dataset in args.datasets:
