@@ -14,7 +14,10 @@ test split with ``s[:, Ks:] + b`` (the prediction is the argmax over all K, as a
 - **sweep**: every ``b`` of ``--offsets`` (uses the test labels: what the best possible shift could give, never a
   choice);
 - **routing oracle**: every novel test image predicted among the novel columns only, the known test images as
-  the model predicts them (uses the test labels: what a perfect known/novel boundary would give the novel side).
+  the model predicts them (uses the test labels: what a perfect known/novel boundary would give the novel side);
+- **price of half**: the share of known test images (%) whose margin lies above the median margin of the novel
+  test images the model sends to known columns — what a shift that fetched half of those images back would send
+  the other way (uses the test labels).
 
 If the sweep stays far below the routing oracle, the novel images that go to known columns sit deep on the known
 side of the boundary, and no shift fetches them without sending many known images the other way.
@@ -119,7 +122,19 @@ def readings(cell: dict[str, np.ndarray], offsets: np.ndarray) -> dict[str, obje
             "midpoint": shifted_accuracy(test, y, ks, counts, b),
             "sweep": [(float(o), *shifted_accuracy(test, y, ks, counts, float(o))) for o in offsets],
             "oracle": routing_oracle(test, y, ks, counts),
-            "novel_to_known": float(100 * (margins(test[y >= ks], ks) < 0).mean())}
+            "novel_to_known": float(100 * (margins(test[y >= ks], ks) < 0).mean()),
+            "price_of_half": price_of_half(test, y, ks)}
+
+
+def price_of_half(scores: np.ndarray, y_true: np.ndarray, num_known: int) -> float:
+    """% of the known test images (``y_true < Ks``) whose margin exceeds the median margin of the novel test images
+    that ``scores [N, K]`` sends into known columns (margin < 0); 0 when there are none."""
+    m = margins(scores, num_known)
+    novel = y_true >= num_known
+    lost = m[novel & (m < 0)]
+    if not len(lost):
+        return 0.0
+    return float(100 * (m[~novel] > np.median(lost)).mean())
 
 
 def summary_rows(dataset: str, variant: str, found: list[dict]) -> list[str]:
@@ -130,7 +145,7 @@ def summary_rows(dataset: str, variant: str, found: list[dict]) -> list[str]:
     sweep = np.array([r["sweep"] for r in found]).mean(0)  # [offsets, 3]
     best = int(sweep[:, 1].argmax())
     return [f"| {dataset} | {variant} | {len(found)} | {mean('headline', 0):.1f} / {mean('headline', 1):.1f} "
-            f"| {np.mean([r['novel_to_known'] for r in found]):.1f} % "
+            f"| {np.mean([r['novel_to_known'] for r in found]):.1f} % | {np.mean([r['price_of_half'] for r in found]):.1f} % "
             f"| {np.mean([r['midpoint_b'] for r in found]):+.3f}: {mean('midpoint', 0):.1f} / {mean('midpoint', 1):.1f} "
             f"| {sweep[best, 0]:+.2f}: {sweep[best, 1]:.1f} / {sweep[best, 2]:.1f} "
             f"| {mean('oracle', 0):.1f} / {mean('oracle', 1):.1f} |"]
@@ -147,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the sweep's shifts b of the novel cosines: N values from FROM to TO")
     parser.add_argument("--holdout-view", action="store_true", help="train without each training row's last view, "
                         "as quality.py --holdout-view (OpenClipart-LT's registered cells)")
+    parser.add_argument("--save", type=Path, help="also write each cell's cosines and labels to "
+                        "SAVE/<dataset>-<variant>-s<seed>[-hv].npz (numpy), for readings without training again")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: two runs side by side on 2 cores, "
                         "as quality.py --workers 2 runs its cells)")
     quality.add_table_argument(parser)
@@ -161,17 +178,21 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants:
             found = []
             for seed in args.seeds:
-                r = readings(cell_scores(dataset, variant, seed, tables[dataset], args.holdout_view), offsets)
+                cell = cell_scores(dataset, variant, seed, tables[dataset], args.holdout_view)
+                if args.save:
+                    args.save.mkdir(parents=True, exist_ok=True)
+                    np.savez(args.save / f"{dataset}-{variant}-s{seed}{'-hv' if args.holdout_view else ''}.npz", **cell)
+                r = readings(cell, offsets)
                 found.append(r)
                 print(f"{dataset} {variant} seed {seed}: headline novel {r['headline'][0]:.1f}, midpoint b "
                       f"{r['midpoint_b']:+.3f} → {r['midpoint'][0]:.1f}, oracle {r['oracle'][0]:.1f}", flush=True)
             rows += summary_rows(dataset, variant, found)
             sweep = np.array([r["sweep"] for r in found]).mean(0)
             sweeps.append(f"| {dataset} | {variant} | " + " | ".join(f"{n:.1f} / {k:.1f}" for _, n, k in sweep) + " |")
-    print("\n| dataset | method | seeds | headline novel / known | novel test images → known "
+    print("\n| dataset | method | seeds | headline novel / known | novel test images → known | price of half "
           "| midpoint rule (label-free) b: novel / known | best shift of the sweep b: novel / known "
           "| routing oracle novel / known |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print("\nThe sweep, novel / known (%) at each shift b of the novel cosines, means over the seeds:\n")
     print("| dataset | method | " + " | ".join(f"{o:+.2f}" for o in offsets) + " |")

@@ -74,7 +74,19 @@ def test_the_routing_oracle_moves_only_the_novel_images():
     assert boundary.routing_oracle(test, TEST_Y, 2, COUNTS) == pytest.approx((100.0, 50.0))
 
 
-def test_the_command_trains_each_seed_and_prints_both_tables(monkeypatch, capsys):
+def test_the_price_of_half_counts_the_known_images_above_the_lost_novel_images_median_margin():
+    """Known margins −0.8, −0.3, 0.1; the novel images sent to known columns have margins −0.5 and −0.2 (median
+    −0.35; a third novel image, margin 0.4, is routed right and does not count): two of three known images lie
+    above, so fetching half the lost novel images back would send 66.7 % of the known images across."""
+    boundary = load_benchmark("boundary")
+    scores = np.array([[0.9, 0.0, 0.1, 0.0], [0.6, 0.0, 0.3, 0.0], [0.0, 0.4, 0.0, 0.5],  # known
+                       [0.7, 0.0, 0.2, 0.0], [0.0, 0.6, 0.0, 0.4], [0.1, 0.0, 0.5, 0.0]])  # novel
+    y_true = np.array([0, 0, 1, 2, 3, 2])
+    assert boundary.price_of_half(scores, y_true, 2) == pytest.approx(200 / 3)
+    assert boundary.price_of_half(scores[[0, 1, 2, 5]], y_true[[0, 1, 2, 5]], 2) == 0.0  # none lost
+
+
+def test_the_command_trains_each_seed_and_prints_both_tables(monkeypatch, capsys, tmp_path):
     boundary = load_benchmark("boundary")
     calls = []
 
@@ -85,10 +97,14 @@ def test_the_command_trains_each_seed_and_prints_both_tables(monkeypatch, capsys
 
     monkeypatch.setattr(boundary, "cell_scores", fake_cell)
     assert boundary.main(["--datasets", "fashion-cached", "--variants", "uno", "--seeds", "3", "4",
-                          "--offsets", "0", "0.2", "3", "--holdout-view",
+                          "--offsets", "0", "0.2", "3", "--holdout-view", "--save", str(tmp_path / "cells"),
                           "--threads", str(torch.get_num_threads())]) == 0  # this process's threads left as they are
     assert calls == [("fashion-cached", "uno", 3, True), ("fashion-cached", "uno", 4, True)]
     out = capsys.readouterr().out
-    assert "| fashion-cached | uno | 2 | 75.0 / 100.0 | 25.0 % | +0.188: 100.0 / 100.0 | +0.10: 100.0 / 100.0 " \
+    assert sorted(p.name for p in (tmp_path / "cells").iterdir()) == ["fashion-cached-uno-s3-hv.npz",
+                                                                       "fashion-cached-uno-s4-hv.npz"]
+    saved = np.load(tmp_path / "cells" / "fashion-cached-uno-s3-hv.npz")
+    assert np.array_equal(saved["test"], TEST) and int(saved["num_known"]) == 2
+    assert "| fashion-cached | uno | 2 | 75.0 / 100.0 | 25.0 % | 0.0 % | +0.188: 100.0 / 100.0 | +0.10: 100.0 / 100.0 " \
            "| 100.0 / 100.0 |" in out
     assert "| fashion-cached | uno | 75.0 / 100.0 | 100.0 / 100.0 | 100.0 / 100.0 |" in out
