@@ -47,7 +47,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-uniform-relax-floor and ncdlr-uniform-relax015-floor (the same at 0.45 and 0.15 with
   labeler.size_floor = known: no cluster below the rarest known class's share of the novel rows);
   ncdlr-uniform-relax-hold1 (ncdlr-uniform-relax with the sizes held for the first epoch of self-labeling,
-  labeler.relax_after_epochs = 1).
+  labeler.relax_after_epochs = 1); ncdlr-uniform-relax-nce (ncdlr-uniform-relax with cross-entropy over all K for
+  the pseudo-labels and MSE for the labelled rows: method.loss = ce, method.known_loss = mse).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
@@ -169,6 +170,12 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # the configs' relaxed sizes after one epoch of self-labeling with the sizes held (labeler.relax_after_epochs):
     # the balanced first pseudo-labels keep every cluster in use while the block is still untrained (session 28)
     "ncdlr-uniform-relax-hold1": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_after_epochs": 1.0}},
+    # the configs' setting with the pseudo-labels' loss cross-entropy over all K cosines/T (UNO's form), the labelled
+    # rows' MSE kept (method.loss ce, known_loss mse): MSE towards a novel prototype only pulls, while the softmax
+    # over all K also pushes a novel row's known cosines down — against the novel test images ncdlr sends into
+    # known columns, most in the novel tail (session 29)
+    "ncdlr-uniform-relax-nce": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M},
+                                "method": {"loss": "ce", "known_loss": "mse"}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

@@ -37,7 +37,9 @@ With ``--routing`` it also prints, per (dataset, variant), how much of the test 
 known and the novel columns rather than among the novel clusters (:func:`routing`): the novel test images'
 class-mean accuracy when only the novel columns compete (task-aware, ``test_novel_pred``, its own Hungarian
 matching, as the training pool's ``train novel`` is scored) against the headline (all K columns), the share of
-novel test images predicted into a known column, and of known test images into a novel one.
+novel test images predicted into a known column, and of known test images into a novel one, and the share of each
+novel class's test images sent into known columns averaged over the novel classes, overall and by head / medium /
+tail.
 
 With ``--gap A B`` (two variants) it also prints the **paired gap** A − B of test novel accuracy over the seeds both
 have, with two standard errors (:func:`paired_gap`): the seeds' (the spread of the per-seed differences) and the test
@@ -150,16 +152,22 @@ def known_detail(y_true: np.ndarray, num_known: int, train_counts: list[int], ce
             "classes": [(c, int(train_counts[c]), float(a), float(n)) for c, a, n in zip(known_classes, acc, share)]}
 
 
-def routing(y_true: np.ndarray, num_known: int, cells: list[dict]) -> dict[str, float]:
+def routing(y_true: np.ndarray, num_known: int, cells: list[dict], train_counts=None) -> dict[str, float]:
     """Where the novel test images are lost, over ``cells`` (one per seed, each with ``test_pred [N]`` over all K
     columns and ``test_novel_pred [N]`` over the novel columns ``0..Ku-1``; ``y_true [N]``), means and stds (ddof 1)
     over the seeds, in %: ``novel`` the headline (all K columns, the test split's one matching), ``novel_only`` the
     novel images' class-mean accuracy with only the novel columns competing (their own Hungarian matching),
     ``novel_to_known`` the share of novel test images predicted into a known column, ``known_to_novel`` the share
-    of known test images predicted into a novel one. ``novel_only − novel`` is what the known/novel boundary costs."""
+    of known test images predicted into a novel one. ``novel_only − novel`` is what the known/novel boundary costs.
+    ``novel_to_known_class``: the share of each novel class's test images predicted into a known column, averaged
+    over the novel classes (as the class-mean accuracy counts them); with ``train_counts [K]`` also over the novel
+    head / medium / tail classes (``novel_to_known_head`` ...; 3:4:3 by training count; a group with no class is
+    left out)."""
     novel_rows, known_rows = y_true >= num_known, y_true < num_known
     novel_classes = [int(c) for c in np.unique(y_true[novel_rows])]
-    readings: dict[str, list[float]] = {"novel": [], "novel_only": [], "novel_to_known": [], "known_to_novel": []}
+    groups = {} if train_counts is None else {g: m for g, m in head_medium_tail(novel_classes, train_counts).items() if m}
+    readings: dict[str, list[float]] = {"novel": [], "novel_only": [], "novel_to_known": [], "known_to_novel": [],
+                                        "novel_to_known_class": [], **{f"novel_to_known_{g}": [] for g in groups}}
     for cell in cells:
         test_pred, novel_pred = np.asarray(cell["test_pred"]), np.asarray(cell["test_novel_pred"])
         correct = correct_under_matching(y_true, test_pred)[None]
@@ -168,6 +176,10 @@ def routing(y_true: np.ndarray, num_known: int, cells: list[dict]) -> dict[str, 
         readings["novel_only"].append(per_class_accuracy(only, y_true[novel_rows], novel_classes).mean() * 100)
         readings["novel_to_known"].append((test_pred[novel_rows] < num_known).mean() * 100)
         readings["known_to_novel"].append((test_pred[known_rows] >= num_known).mean() * 100)
+        lost = {c: (test_pred[y_true == c] < num_known).mean() * 100 for c in novel_classes}
+        readings["novel_to_known_class"].append(np.mean(list(lost.values())))
+        for group, members in groups.items():
+            readings[f"novel_to_known_{group}"].append(np.mean([lost[c] for c in members]))
     out: dict[str, float] = {"seeds": len(cells)}
     for name, values in readings.items():
         out[name] = float(np.mean(values))
@@ -326,15 +338,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{dataset}, the known/novel boundary: test novel class-mean (%) over all K columns (the headline) "
                   "and with only the novel columns competing; shares of test images routed across it\n")
             print("| method | seeds | novel (all K columns) | novel (novel columns only) | novel → known "
-                  "| known → novel |")
-            print("|---|---|---|---|---|---|")
+                  "| known → novel | novel → known, class-mean | … novel head / medium / tail |")
+            print("|---|---|---|---|---|---|---|---|")
             for variant in args.variants:
                 cells = [c for c in kept[variant].values() if c.get("test_novel_pred") is not None]
                 if not cells:
                     continue
-                r = routing(y_true, num_known, cells)
+                r = routing(y_true, num_known, cells, train_counts)
                 cols = [f"{r[name]:.1f} ± {r[name + '_std']:.1f}" for name in ("novel", "novel_only")]
-                cols += [f"{r[name]:.1f} ± {r[name + '_std']:.1f} %" for name in ("novel_to_known", "known_to_novel")]
+                cols += [f"{r[name]:.1f} ± {r[name + '_std']:.1f} %" for name in ("novel_to_known", "known_to_novel",
+                                                                                   "novel_to_known_class")]
+                cols.append(" / ".join(f"{r[f'novel_to_known_{g}']:.1f}" if f"novel_to_known_{g}" in r else "–"
+                                       for g in ("head", "medium", "tail")) + " %")
                 print(f"| {variant} | {r['seeds']} | " + " | ".join(cols) + " |")
             print()
         if args.heads:

@@ -183,3 +183,19 @@ def test_the_epoch_trace_reads_the_test_split_without_changing_the_run(one_torch
     assert all(0 <= t["test_novel"] <= 1 for t in traced["trace"])
     sizes = plain["last_epoch_pseudo_labels"]  # the label-free cluster health of the last epoch, kept per cell
     assert 0 <= sizes["clusters_empty"] < splits.num_novel and sizes["cluster_imbalance"] >= 1
+
+
+def test_the_nce_variant_trains_the_pseudo_labels_with_cross_entropy_and_the_labelled_rows_with_mse():
+    """``ncdlr-uniform-relax-nce`` (session 29) is the configs' setting with only the novel loss switched: the method
+    is still ncdlr (fixed ETF prototypes, the buffer), the pseudo-labels' loss is CE over all K, the known rows' MSE."""
+    from ncdlr.methods import build_method
+
+    quality = load_benchmark("quality")
+    cfg = quality.dataset_config("fashion-cached", None)
+    for section, values in quality.VARIANTS["ncdlr-uniform-relax-nce"].items():
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    method = build_method(cfg.method, cfg.labeler, 5)
+    assert (method.name, method.loss, method.known_loss_kind) == ("ncdlr", "ce", "mse")
+    assert (cfg.labeler.prior, cfg.labeler.reg_m) == ("uniform", quality.RELAX_REG_M)
+    assert cfg.model.prototypes == quality.dataset_config("fashion-cached", None).model.prototypes

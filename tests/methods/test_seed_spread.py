@@ -246,13 +246,19 @@ def test_routing_separates_the_known_novel_boundary_from_the_clustering_of_the_n
     novel_only = [1, 1, 1, 1, 0, 0, 0, 1, 1, 1]  # task-aware: the columns are named by their own matching
     cells = [{"test_pred": [0, 0, 1, 1, 2, 2, 2, 3, 3, 0], "test_novel_pred": novel_only},
              {"test_pred": [0, 0, 1, 3, 2, 2, 2, 3, 3, 0], "test_novel_pred": novel_only}]
-    r = seed_spread.routing(y_true, 2, cells)
+    r = seed_spread.routing(y_true, 2, cells, train_counts=[5, 5, 10, 4])
     assert r["seeds"] == 2
     assert r["novel_only"] == pytest.approx(100.0) and r["novel_only_std"] == pytest.approx(0.0)
     assert r["novel"] == pytest.approx((100 + 200 / 3) / 2)
     assert r["novel_to_known"] == pytest.approx(100 / 6)
     assert r["known_to_novel"] == pytest.approx((0 + 25) / 2)
     assert r["known_to_novel_std"] == pytest.approx(np.std([0, 25], ddof=1))
+    # class 2 keeps all three images, class 3 loses one of three in both seeds: class-mean (0 + 33.3) / 2; class 2
+    # is the head (10 training rows), class 3 the tail (4), and two classes leave no medium
+    assert r["novel_to_known_class"] == pytest.approx(100 / 6) and r["novel_to_known_class_std"] == 0.0
+    assert r["novel_to_known_head"] == 0.0 and r["novel_to_known_tail"] == pytest.approx(100 / 3)
+    assert "novel_to_known_medium" not in r
+    assert "novel_to_known_head" not in seed_spread.routing(y_true, 2, cells)  # no training counts, no groups
 
 
 def test_the_command_prints_the_routing_table_when_asked(tmp_path, capsys):
@@ -262,4 +268,4 @@ def test_the_command_prints_the_routing_table_when_asked(tmp_path, capsys):
     assert "novel → known" not in capsys.readouterr().out
     assert seed_spread.main([*argv, "--routing"]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ncdlr | 2 |")]
-    assert row == ["| ncdlr | 2 | 100.0 ± 0.0 | 100.0 ± 0.0 | 0.0 ± 0.0 % | 25.0 ± 0.0 % |"]
+    assert row == ["| ncdlr | 2 | 100.0 ± 0.0 | 100.0 ± 0.0 | 0.0 ± 0.0 % | 25.0 ± 0.0 % | 0.0 ± 0.0 % | – / 0.0 / – % |"]
