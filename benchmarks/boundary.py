@@ -25,7 +25,8 @@ side of the boundary, and no shift fetches them without sending many known image
 Usage::
 
     .venv/bin/python benchmarks/boundary.py --datasets openclipart-cached-p2 --variants ncdlr-uniform-relax \\
-        --seeds 10 11 [--holdout-view] [--offsets -0.1 0.4 11] [--table openclipart-cached-p2=PATH]
+        --seeds 10 11 [--holdout-view] [--offsets -0.1 0.4 11] [--table openclipart-cached-p2=PATH] \\
+        [--save DIR | --from-saved DIR]
 
 Seeds here are training seeds, given one by one; pick seeds the registered test cells do not use (they use
 0–9), so that nothing about the test seeds is looked at twice.
@@ -60,12 +61,21 @@ def midpoint_offset(known_scores: np.ndarray, known_labels: np.ndarray, novel_sc
     novel clusters (argmax over the novel columns of ``novel_scores [Nu, K]``) of each cluster's median margin.
     Adding ``b`` to every novel score moves every margin by ``b``, so afterwards both means are ``(m_known + m_novel)
     / 2``. Classes and clusters count alike, as the class-mean accuracy counts them."""
+    m_known, m_novel = class_median_margins(known_scores, known_labels, novel_scores, num_known)
+    return (m_known - m_novel) / 2
+
+
+def class_median_margins(known_scores: np.ndarray, known_labels: np.ndarray, novel_scores: np.ndarray,
+                         num_known: int) -> tuple[float, float]:
+    """``(m_known, m_novel)`` of :func:`midpoint_offset`: how far, in cosine units, the known training rows sit on the
+    known side (mean over classes of the class's median ``−margin``) and the novel ones on the novel side (mean over
+    clusters of the cluster's median margin)."""
     known_margin = -margins(known_scores, num_known)
     novel_margin = margins(novel_scores, num_known)
     clusters = novel_scores[:, num_known:].argmax(1)
     m_known = np.mean([np.median(known_margin[known_labels == c]) for c in np.unique(known_labels)])
     m_novel = np.mean([np.median(novel_margin[clusters == j]) for j in np.unique(clusters)])
-    return float((m_known - m_novel) / 2)
+    return float(m_known), float(m_novel)
 
 
 def shifted_accuracy(scores: np.ndarray, y_true: np.ndarray, num_known: int, train_counts, offset: float
@@ -118,7 +128,12 @@ def readings(cell: dict[str, np.ndarray], offsets: np.ndarray) -> dict[str, obje
     ks, counts = int(cell["num_known"]), cell["train_counts"]
     test, y = cell["test"], cell["y_test"]
     b = midpoint_offset(cell["known"], cell["y_known"], cell["novel"], ks)
+    known_margin, novel_margin = class_median_margins(cell["known"], cell["y_known"], cell["novel"], ks)
+    lost = margins(test[y >= ks], ks)
+    lost = lost[lost < 0]
     return {"headline": shifted_accuracy(test, y, ks, counts, 0.0), "midpoint_b": b,
+            "known_margin": known_margin, "novel_margin": novel_margin,
+            "lost_margin": float(np.median(lost)) if len(lost) else float("nan"),
             "midpoint": shifted_accuracy(test, y, ks, counts, b),
             "sweep": [(float(o), *shifted_accuracy(test, y, ks, counts, float(o))) for o in offsets],
             "oracle": routing_oracle(test, y, ks, counts),
@@ -164,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                         "as quality.py --holdout-view (OpenClipart-LT's registered cells)")
     parser.add_argument("--save", type=Path, help="also write each cell's cosines and labels to "
                         "SAVE/<dataset>-<variant>-s<seed>[-hv].npz (numpy), for readings without training again")
+    parser.add_argument("--from-saved", type=Path, help="read each cell from SAVE's npz files (as --save wrote them) "
+                        "instead of training it")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: two runs side by side on 2 cores, "
                         "as quality.py --workers 2 runs its cells)")
     quality.add_table_argument(parser)
@@ -178,14 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants:
             found = []
             for seed in args.seeds:
-                cell = cell_scores(dataset, variant, seed, tables[dataset], args.holdout_view)
+                name = f"{dataset}-{variant}-s{seed}{'-hv' if args.holdout_view else ''}.npz"
+                if args.from_saved:
+                    with np.load(args.from_saved / name) as saved:
+                        cell = dict(saved)
+                else:
+                    cell = cell_scores(dataset, variant, seed, tables[dataset], args.holdout_view)
                 if args.save:
                     args.save.mkdir(parents=True, exist_ok=True)
-                    np.savez(args.save / f"{dataset}-{variant}-s{seed}{'-hv' if args.holdout_view else ''}.npz", **cell)
+                    np.savez(args.save / name, **cell)
                 r = readings(cell, offsets)
                 found.append(r)
                 print(f"{dataset} {variant} seed {seed}: headline novel {r['headline'][0]:.1f}, midpoint b "
-                      f"{r['midpoint_b']:+.3f} → {r['midpoint'][0]:.1f}, oracle {r['oracle'][0]:.1f}", flush=True)
+                      f"{r['midpoint_b']:+.3f} → {r['midpoint'][0]:.1f}, oracle {r['oracle'][0]:.1f}; median margin of "
+                      f"the training rows known {r['known_margin']:.3f}, novel {r['novel_margin']:.3f}; of the novel "
+                      f"test images lost to known columns {r['lost_margin']:.3f}", flush=True)
             rows += summary_rows(dataset, variant, found)
             sweep = np.array([r["sweep"] for r in found]).mean(0)
             sweeps.append(f"| {dataset} | {variant} | " + " | ".join(f"{n:.1f} / {k:.1f}" for _, n, k in sweep) + " |")

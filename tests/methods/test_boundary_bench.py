@@ -108,3 +108,25 @@ def test_the_command_trains_each_seed_and_prints_both_tables(monkeypatch, capsys
     assert "| fashion-cached | uno | 2 | 75.0 / 100.0 | 25.0 % | 0.0 % | +0.188: 100.0 / 100.0 | +0.10: 100.0 / 100.0 " \
            "| 100.0 / 100.0 |" in out
     assert "| fashion-cached | uno | 75.0 / 100.0 | 100.0 / 100.0 | 100.0 / 100.0 |" in out
+
+
+def test_from_saved_reads_the_cells_that_save_wrote_without_training(monkeypatch, capsys, tmp_path):
+    """A run with ``--save`` and one with ``--from-saved`` on its folder print the same tables; the second trains
+    nothing. Each seed's line gives the training rows' median margins (0.675 known, 0.3 novel) and the lost novel
+    test image's (−0.05)."""
+    boundary = load_benchmark("boundary")
+    cell = {"num_known": np.asarray(2), "train_counts": np.asarray(COUNTS), "test": TEST, "y_test": TEST_Y,
+            "known": KNOWN, "y_known": KNOWN_Y, "novel": NOVEL, "y_novel": np.array([2, 2, 3, 3])}
+    monkeypatch.setattr(boundary, "cell_scores", lambda *args: cell)
+    argv = ["--datasets", "fashion-cached", "--variants", "uno", "--seeds", "3", "--threads", str(torch.get_num_threads())]
+    assert boundary.main([*argv, "--save", str(tmp_path)]) == 0
+    first = capsys.readouterr().out
+    assert "median margin of the training rows known 0.675, novel 0.300; of the novel test images lost to known " \
+           "columns -0.050" in first
+
+    def no_training(*args):
+        raise AssertionError("--from-saved trained a cell")
+
+    monkeypatch.setattr(boundary, "cell_scores", no_training)
+    assert boundary.main([*argv, "--from-saved", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == first
