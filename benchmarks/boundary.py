@@ -129,15 +129,15 @@ def readings(cell: dict[str, np.ndarray], offsets: np.ndarray) -> dict[str, obje
     test, y = cell["test"], cell["y_test"]
     b = midpoint_offset(cell["known"], cell["y_known"], cell["novel"], ks)
     known_margin, novel_margin = class_median_margins(cell["known"], cell["y_known"], cell["novel"], ks)
-    lost = margins(test[y >= ks], ks)
-    lost = lost[lost < 0]
+    novel_margins = margins(test[y >= ks], ks)  # [N_novel test]
+    lost = novel_margins[novel_margins < 0]
     return {"headline": shifted_accuracy(test, y, ks, counts, 0.0), "midpoint_b": b,
             "known_margin": known_margin, "novel_margin": novel_margin,
             "lost_margin": float(np.median(lost)) if len(lost) else float("nan"),
             "midpoint": shifted_accuracy(test, y, ks, counts, b),
             "sweep": [(float(o), *shifted_accuracy(test, y, ks, counts, float(o))) for o in offsets],
             "oracle": routing_oracle(test, y, ks, counts),
-            "novel_to_known": float(100 * (margins(test[y >= ks], ks) < 0).mean()),
+            "novel_to_known": float(100 * len(lost) / len(novel_margins)),
             "price_of_half": price_of_half(test, y, ks)}
 
 

@@ -165,7 +165,9 @@ def routing(y_true: np.ndarray, num_known: int, cells: list[dict], train_counts=
     left out)."""
     novel_rows, known_rows = y_true >= num_known, y_true < num_known
     novel_classes = [int(c) for c in np.unique(y_true[novel_rows])]
-    groups = {} if train_counts is None else {g: m for g, m in head_medium_tail(novel_classes, train_counts).items() if m}
+    groups = {} if train_counts is None else head_medium_tail(range(len(novel_classes)),
+                                                              [train_counts[c] for c in novel_classes])
+    groups = {group: members for group, members in groups.items() if members}  # [indices into novel_classes]
     readings: dict[str, list[float]] = {"novel": [], "novel_only": [], "novel_to_known": [], "known_to_novel": [],
                                         "novel_to_known_class": [], **{f"novel_to_known_{g}": [] for g in groups}}
     for cell in cells:
@@ -176,10 +178,10 @@ def routing(y_true: np.ndarray, num_known: int, cells: list[dict], train_counts=
         readings["novel_only"].append(per_class_accuracy(only, y_true[novel_rows], novel_classes).mean() * 100)
         readings["novel_to_known"].append((test_pred[novel_rows] < num_known).mean() * 100)
         readings["known_to_novel"].append((test_pred[known_rows] >= num_known).mean() * 100)
-        lost = {c: (test_pred[y_true == c] < num_known).mean() * 100 for c in novel_classes}
-        readings["novel_to_known_class"].append(np.mean(list(lost.values())))
+        lost = per_class_accuracy((test_pred < num_known)[None], y_true, novel_classes)[0] * 100  # [Ku]
+        readings["novel_to_known_class"].append(lost.mean())
         for group, members in groups.items():
-            readings[f"novel_to_known_{group}"].append(np.mean([lost[c] for c in members]))
+            readings[f"novel_to_known_{group}"].append(lost[members].mean())
     out: dict[str, float] = {"seeds": len(cells)}
     for name, values in readings.items():
         out[name] = float(np.mean(values))
