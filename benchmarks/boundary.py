@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 name = f"{dataset}-{variant}-s{seed}{'-hv' if args.holdout_view else ''}.npz"
                 if args.from_saved:
+                    if not (args.from_saved / name).is_file():
+                        parser.error(f"--from-saved: no {name} in {args.from_saved} (write it with --save first)")
                     with np.load(args.from_saved / name) as saved:
                         cell = dict(saved)
                 else:

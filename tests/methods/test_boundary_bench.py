@@ -130,3 +130,6 @@ def test_from_saved_reads_the_cells_that_save_wrote_without_training(monkeypatch
     monkeypatch.setattr(boundary, "cell_scores", no_training)
     assert boundary.main([*argv, "--from-saved", str(tmp_path)]) == 0
     assert capsys.readouterr().out == first
+    with pytest.raises(SystemExit):  # a seed that was never saved: one line naming the file, no traceback
+        boundary.main([*argv[:-4], "--seeds", "5", "--threads", argv[-1], "--from-saved", str(tmp_path)])
+    assert "no fashion-cached-uno-s5.npz in" in capsys.readouterr().err
