@@ -123,8 +123,10 @@ def cell_scores(dataset: str, variant: str, seed: int, table: str, holdout_view:
 
 
 def readings(cell: dict[str, np.ndarray], offsets: np.ndarray) -> dict[str, object]:
-    """Every reading of one cell (see the module docstring): ``headline``, ``midpoint`` (``b`` and accuracies),
-    ``sweep`` ``[(b, novel, known)]``, ``oracle``, ``novel_to_known`` (% of novel test images in known columns)."""
+    """Every reading of one cell (see the module docstring): ``headline``, ``midpoint_b`` and ``midpoint``
+    (accuracies), ``sweep`` ``[(b, novel, known)]``, ``oracle``, ``novel_to_known`` (% of novel test images in known
+    columns), ``price_of_half``, and the median margins ``known_margin`` / ``novel_margin`` (training rows,
+    :func:`class_median_margins`) and ``lost_margin`` (the novel test images in known columns; NaN if none)."""
     ks, counts = int(cell["num_known"]), cell["train_counts"]
     test, y = cell["test"], cell["y_test"]
     b = midpoint_offset(cell["known"], cell["y_known"], cell["novel"], ks)
@@ -160,8 +162,10 @@ def summary_rows(dataset: str, variant: str, found: list[dict]) -> list[str]:
     sweep = np.array([r["sweep"] for r in found]).mean(0)  # [offsets, 3]
     best = int(sweep[:, 1].argmax())
     return [f"| {dataset} | {variant} | {len(found)} | {mean('headline', 0):.1f} / {mean('headline', 1):.1f} "
-            f"| {np.mean([r['novel_to_known'] for r in found]):.1f} % | {np.mean([r['price_of_half'] for r in found]):.1f} % "
-            f"| {np.mean([r['midpoint_b'] for r in found]):+.3f}: {mean('midpoint', 0):.1f} / {mean('midpoint', 1):.1f} "
+            f"| {np.mean([r['novel_to_known'] for r in found]):.1f} % "
+            f"| {np.mean([r['price_of_half'] for r in found]):.1f} % "
+            f"| {np.mean([r['midpoint_b'] for r in found]):+.3f}: "
+            f"{mean('midpoint', 0):.1f} / {mean('midpoint', 1):.1f} "
             f"| {sweep[best, 0]:+.2f}: {sweep[best, 1]:.1f} / {sweep[best, 2]:.1f} "
             f"| {mean('oracle', 0):.1f} / {mean('oracle', 1):.1f} |"]
 
@@ -214,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"test images lost to known columns {r['lost_margin']:.3f}", flush=True)
             rows += summary_rows(dataset, variant, found)
             sweep = np.array([r["sweep"] for r in found]).mean(0)
-            sweeps.append(f"| {dataset} | {variant} | " + " | ".join(f"{n:.1f} / {k:.1f}" for _, n, k in sweep) + " |")
+            sweeps.append(f"| {dataset} | {variant} | "
+                          + " | ".join(f"{n:.1f} / {k:.1f}" for _, n, k in sweep) + " |")
     print("\n| dataset | method | seeds | headline novel / known | novel test images → known | price of half "
           "| midpoint rule (label-free) b: novel / known | best shift of the sweep b: novel / known "
           "| routing oracle novel / known |")
