@@ -43,3 +43,35 @@ def prototype_cross_entropy(z: Tensor, prototypes: Tensor, targets: Tensor, temp
     q = _soft_targets(targets, prototypes.shape[1], z.shape[0])
     log_p = torch.log_softmax(z @ prototypes / temperature, dim=1)
     return -(q * log_p).sum(1).mean()
+
+
+def known_novel_cross_entropy(z: Tensor, prototypes: Tensor, num_known: int, is_novel: Tensor,
+                              temperature: float = 0.1) -> Tensor:
+    """Binary cross-entropy of *which block* a row belongs to, known or novel, from the cosine logits ``z·p_k / T``.
+
+    The probability of the novel block is the softmax mass of its columns, ``p(novel) = Σ_{k ≥ Ks} softmax_k``, so
+    the loss of a row is ``logsumexp_all − logsumexp_{its block}``. Within a block the columns do not compete: a row
+    is not pushed towards any one class, only out of the other block. The targets are exact in discovery (labelled
+    rows are known, unlabelled rows novel), unlike a pseudo-label.
+
+    Args:
+        z: ``[N, D]`` embeddings.
+        prototypes: ``[D, K]`` prototypes, known columns first.
+        num_known: ``Ks``, the number of known columns (``0 < Ks < K``).
+        is_novel: ``[N]`` bool, True for an unlabelled (novel) row.
+        temperature: ``T`` of the logits (UNO's 0.1).
+
+    Returns:
+        scalar loss (mean over the rows; 0 for ``N = 0``).
+    """
+    num_classes = prototypes.shape[1]
+    if not 0 < num_known < num_classes:
+        raise ValueError(f"num_known must lie in (0, K={num_classes}), got {num_known}")
+    if is_novel.shape != (z.shape[0],):
+        raise ValueError(f"is_novel must be [N] = [{z.shape[0]}], got {tuple(is_novel.shape)}")
+    if z.shape[0] == 0:
+        return z.sum() * 0.0
+    logits = z @ prototypes / temperature
+    known = torch.logsumexp(logits[:, :num_known], dim=1)
+    novel = torch.logsumexp(logits[:, num_known:], dim=1)
+    return (torch.logsumexp(logits, dim=1) - torch.where(is_novel, novel, known)).mean()

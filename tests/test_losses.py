@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ncdlr.losses import prototype_cross_entropy, prototype_mse
+from ncdlr.losses import known_novel_cross_entropy, prototype_cross_entropy, prototype_mse
 from ncdlr.prototypes import simplex_etf
 
 
@@ -48,3 +48,35 @@ def test_bad_targets_are_clear_errors():
         prototype_mse(z, p, torch.tensor([0, 1, 2, 3]))
     with pytest.raises(ValueError, match=r"soft targets must be \[N, K\]"):
         prototype_mse(z, p, torch.zeros(4, 5))
+
+
+def test_known_novel_cross_entropy_is_the_binary_cross_entropy_of_the_blocks_softmax_mass():
+    """By hand: p(novel) = the softmax mass of the novel columns; the loss is −log of the own block's mass."""
+    z, p = unit(12, 10), simplex_etf(10, 7)
+    is_novel = torch.arange(12) % 3 == 0
+    probs = torch.softmax(z @ p / 0.1, dim=1)
+    p_novel = probs[:, 3:].sum(1)
+    expected = -torch.where(is_novel, p_novel, 1 - p_novel).log().mean()
+    torch.testing.assert_close(known_novel_cross_entropy(z, p, 3, is_novel, 0.1), expected)
+
+
+def test_known_novel_cross_entropy_does_not_make_the_classes_of_a_block_compete():
+    """Moving a novel row from one novel prototype to another leaves the loss unchanged (an ETF treats every
+    column alike), whereas a novel row on a known prototype costs more than one on a novel prototype."""
+    p = simplex_etf(8, 6)
+    on = p.T.clone()  # row k sits on prototype k
+    novel = torch.ones(1, dtype=torch.bool)
+    at_3, at_5 = (known_novel_cross_entropy(on[k:k + 1], p, 2, novel) for k in (3, 5))
+    at_known = known_novel_cross_entropy(on[0:1], p, 2, novel)
+    torch.testing.assert_close(at_3, at_5)
+    assert float(at_known) > float(at_3) + 1.0
+
+
+def test_known_novel_cross_entropy_refuses_a_wrong_known_count_or_mask_and_is_zero_on_no_rows():
+    z, p = unit(4, 8), simplex_etf(8, 5)
+    with pytest.raises(ValueError, match="num_known"):
+        known_novel_cross_entropy(z, p, 5, torch.zeros(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="is_novel"):
+        known_novel_cross_entropy(z, p, 2, torch.zeros(3, dtype=torch.bool))
+    empty = known_novel_cross_entropy(z[:0], p, 2, torch.zeros(0, dtype=torch.bool))
+    assert float(empty) == 0.0

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ncdlr.buffer import SharedBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.method_settings import MethodConfig
-from ncdlr.losses import prototype_cross_entropy, prototype_mse
+from ncdlr.losses import known_novel_cross_entropy, prototype_cross_entropy, prototype_mse
 
 from .discovery import Gather, single_process
 
@@ -87,9 +87,12 @@ class Method(abc.ABC):
             raise MethodConfigError(f"method.known_loss must be auto, mse or ce, got {cfg.known_loss!r}")
         if cfg.temperature <= 0:
             raise MethodConfigError(f"method.temperature must be > 0, got {cfg.temperature}")
+        if not cfg.task_weight >= 0:  # also refuses NaN
+            raise MethodConfigError(f"method.task_weight must be >= 0, got {cfg.task_weight}")
         self.loss = loss
         self.known_loss_kind = known
         self.temperature = cfg.temperature
+        self.task_weight = cfg.task_weight
         self.labeler = labeler
         #: the labelers of heads 1..H-1 (``model.heads`` > 1; each its own τ/t and buffer columns), checkpointed
         self.extra_labelers = nn.ModuleList()
@@ -127,6 +130,17 @@ class Method(abc.ABC):
         known rows' loss (``method.known_loss``; by default the method's one loss)."""
         prototypes, kind = model.class_prototypes(), self.known_loss_kind
         return 0.5 * (self.prototype_loss(z1, prototypes, labels, kind) + self.prototype_loss(z2, prototypes, labels, kind))
+
+    def task_loss(self, model: PrototypeModel, known: Tensor, novel: Tensor) -> Tensor | None:
+        """``method.task_weight`` × the known-vs-novel cross-entropy (:func:`ncdlr.losses.known_novel_cross_entropy`)
+        of the valid labelled rows ``known [n_s, D]`` and unlabelled rows ``novel [n_u, D]`` (both views stacked);
+        None when the weight is 0 (the term is off and costs nothing)."""
+        if self.task_weight == 0:
+            return None
+        z = torch.cat([known, novel])
+        is_novel = torch.cat([known.new_zeros(known.shape[0], dtype=torch.bool), novel.new_ones(novel.shape[0], dtype=torch.bool)])
+        return self.task_weight * known_novel_cross_entropy(z, model.class_prototypes(), model.num_known, is_novel,
+                                                            self.temperature)
 
     @abc.abstractmethod
     def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int

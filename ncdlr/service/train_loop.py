@@ -16,6 +16,8 @@ One step on rank ``r`` of ``W`` (``B`` known + ``B`` novel rows, two views each)
 With ``optim.mixup`` (off by default) the second views of the known and the novel rows are also blended with
 other rows of the batch (:mod:`ncdlr.methods.mixup`) and pass through the same forward; ``L`` gains
 ``L_s^mix + α L_u^mix`` against the same blend of their targets (labels; the other view's pseudo-labels).
+With ``method.task_weight`` > 0 (off by default) ``L`` also gains the method's known-vs-novel term over the valid
+rows of both views (``Method.task_loss``; not on the mixed rows), from the first step, the warm-up included.
 """
 
 from __future__ import annotations
@@ -233,6 +235,11 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
             state.head_loss = per_head.detach() + (0.0 if state.head_loss is None else state.head_loss)
             state.head_steps += int(has_novel)
     loss = loss_s + optim.alpha * loss_u
+    # method.task_weight: the known-vs-novel term on the valid rows of both views (exact targets, so from step 0)
+    terms = [method.task_loss(views[h], torch.cat([zk1[h][known_valid], zk2[h][known_valid]]),
+                              torch.cat([zn1[h][novel_valid], zn2[h][novel_valid]])) for h in range(heads)]
+    loss_task = zs.sum() * 0.0 if terms[0] is None else sum(terms) / heads
+    loss = loss + loss_task
     loss_mix = zs.sum() * 0.0
     if mix is not None:  # one head (the config refuses model.heads > 1 with mixup)
         loss_mix = mixed_loss(method, model, [zm[0] for zm in z_mix], mix, labels, q, optim.alpha)
@@ -246,6 +253,7 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
     state.step += 1
     return {
         "loss": loss.item(), "loss_s": loss_s.item(), "loss_u": loss_u.item(), "loss_mix": loss_mix.item(),
+        "loss_task": loss_task.item(),
         "tau": method.imbalance_factor,
         "bad_images": float((~batch.known_valid).sum() + (~batch.novel_valid).sum()),
         "exchange_s": times["exchange"], "ot_s": times["ot"],

@@ -185,17 +185,46 @@ def test_the_epoch_trace_reads_the_test_split_without_changing_the_run(one_torch
     assert 0 <= sizes["clusters_empty"] < splits.num_novel and sizes["cluster_imbalance"] >= 1
 
 
+def variant_config(quality, variant: str):
+    """The Fashion cache's config with ``quality.VARIANTS[variant]``'s edits applied, as a cell trains with it."""
+    cfg = quality.dataset_config("fashion-cached", None)
+    for section, values in quality.VARIANTS[variant].items():
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    return cfg
+
+
 def test_the_nce_variant_trains_the_pseudo_labels_with_cross_entropy_and_the_labelled_rows_with_mse():
     """``ncdlr-uniform-relax-nce`` (session 29) is the configs' setting with only the novel loss switched: the method
     is still ncdlr (fixed ETF prototypes, the buffer), the pseudo-labels' loss is CE over all K, the known rows' MSE."""
     from ncdlr.methods import build_method
 
     quality = load_benchmark("quality")
-    cfg = quality.dataset_config("fashion-cached", None)
-    for section, values in quality.VARIANTS["ncdlr-uniform-relax-nce"].items():
-        for key, value in values.items():
-            setattr(getattr(cfg, section), key, value)
+    cfg = variant_config(quality, "ncdlr-uniform-relax-nce")
     method = build_method(cfg.method, cfg.labeler, 5)
     assert (method.name, method.loss, method.known_loss_kind) == ("ncdlr", "ce", "mse")
     assert (cfg.labeler.prior, cfg.labeler.reg_m) == ("uniform", quality.RELAX_REG_M)
     assert cfg.model.prototypes == quality.dataset_config("fashion-cached", None).model.prototypes
+
+
+def test_the_task_variant_adds_only_the_known_novel_term_to_the_configs_setting():
+    """``ncdlr-uniform-relax-task`` (session 30): the configs' setting (ETF, MSE for both losses, relaxed uniform
+    sizes) with ``method.task_weight`` 1 and nothing else changed."""
+    from ncdlr.methods import build_method
+
+    quality = load_benchmark("quality")
+    cfg = variant_config(quality, "ncdlr-uniform-relax-task")
+    method = build_method(cfg.method, cfg.labeler, 5)
+    assert (method.name, method.loss, method.known_loss_kind, method.task_weight) == ("ncdlr", "mse", "mse", 1.0)
+    assert (cfg.labeler.prior, cfg.labeler.reg_m) == ("uniform", quality.RELAX_REG_M)
+    assert quality.VARIANTS["ncdlr-uniform-relax-task"]["labeler"] == quality.VARIANTS["ncdlr-uniform-relax"]["labeler"]
+
+
+def test_the_task_rehearsal_weighs_the_configs_setting_against_the_same_with_the_known_novel_term():
+    """``--select-setting task``: the default is the configs' setting as it is, the challenger the variant's edits."""
+    quality = load_benchmark("quality")
+    key, candidates, default = quality.rehearsal_candidates("task")
+    assert (key, default) == ("task", "uniform-relaxed")
+    variant = quality.VARIANTS["ncdlr-uniform-relax-task"]
+    as_edits = {f"{section}.{name}": value for section, values in variant.items() for name, value in values.items()}
+    assert candidates == {"uniform-relaxed": quality.UNIFORM_RELAXED, "uniform-relaxed-task": as_edits}

@@ -291,6 +291,49 @@ def test_a_mixup_step_adds_the_mixed_rows_loss_and_leaves_the_clean_views_target
     assert metrics["loss_mix"] > 0.0 and all(torch.isfinite(p).all() for p in mixed.model.parameters())
 
 
+@pytest.mark.parametrize("method", ["ncdlr", "uno"])
+def test_the_known_novel_term_adds_its_weighted_loss_and_leaves_the_pseudo_labels_alone(splits, method):
+    """``method.task_weight``: the same batch gives the same known loss, novel loss and OT problem, plus the weight
+    times the known-vs-novel cross-entropy of the valid rows of both views (recomputed here from the embeddings);
+    weight 0 reports 0 and an epoch with it trains to finite weights."""
+    from ncdlr.losses import known_novel_cross_entropy
+
+    cfg = small_config()
+    cfg.method.name = method
+    if method != "ncdlr":
+        cfg.model.prototypes, cfg.labeler.use_buffer, cfg.labeler.prior = "learnable", False, "uniform"
+    batch = next(batches(splits, cfg))
+    batch.novel_valid[-2:] = False
+    plain, task = new_state(cfg, splits), new_state(cfg, splits)
+    task.method.task_weight = 0.5  # as build_method sets it from method.task_weight (test below)
+    with torch.no_grad():
+        model = task.model
+        k, n = batch.known_valid, batch.novel_valid
+        z = torch.cat([model(batch.known_view1[k]), model(batch.known_view2[k]),
+                       model(batch.novel_view1[n]), model(batch.novel_view2[n])])
+        is_novel = torch.arange(z.shape[0]) >= 2 * int(k.sum())
+        expected = 0.5 * known_novel_cross_entropy(z, model.class_prototypes(), model.num_known, is_novel)
+    a, b = train_step(plain, batch, cfg.optim), train_step(task, batch, cfg.optim)
+    assert a["loss_task"] == 0.0
+    assert b["loss_task"] == pytest.approx(float(expected), rel=1e-4) and b["loss_task"] > 0.0
+    assert b["loss_s"] == pytest.approx(a["loss_s"]) and b["loss_u"] == pytest.approx(a["loss_u"])
+    assert b["loss"] == pytest.approx(a["loss"] + b["loss_task"], rel=1e-5)
+    if method == "ncdlr":
+        assert torch.equal(buffer_of(plain).buffer.rows, buffer_of(task).buffer.rows)
+    metrics = run_epoch(task, batches(splits, cfg, epoch=1), cfg.optim)
+    assert metrics["loss_task"] > 0.0 and all(torch.isfinite(p).all() for p in task.model.parameters())
+
+
+def test_a_run_is_refused_a_negative_known_novel_weight():
+    from ncdlr.methods import build_method
+    from ncdlr.methods.base import MethodConfigError
+
+    cfg = small_config()
+    cfg.method.task_weight = -0.1
+    with pytest.raises(MethodConfigError, match="method.task_weight"):
+        build_method(cfg.method, cfg.labeler, num_novel=4)
+
+
 def test_a_mixup_run_is_refused_a_negative_beta_parameter():
     from ncdlr.service.config import ConfigError, load_config
 
