@@ -235,11 +235,12 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
             state.head_loss = per_head.detach() + (0.0 if state.head_loss is None else state.head_loss)
             state.head_steps += int(has_novel)
     loss = loss_s + optim.alpha * loss_u
-    # method.task_weight: the known-vs-novel term on the valid rows of both views (exact targets, so from step 0)
-    terms = [method.task_loss(views[h], torch.cat([zk1[h][known_valid], zk2[h][known_valid]]),
-                              torch.cat([zn1[h][novel_valid], zn2[h][novel_valid]])) for h in range(heads)]
-    loss_task = zs.sum() * 0.0 if terms[0] is None else sum(terms) / heads
-    loss = loss + loss_task
+    loss_task = zs.sum() * 0.0
+    if method.task_weight > 0:  # the known-vs-novel term, valid rows of both views (exact targets: from step 0)
+        loss_task = sum(method.task_loss(views[h], torch.cat([zk1[h][known_valid], zk2[h][known_valid]]),
+                                         torch.cat([zn1[h][novel_valid], zn2[h][novel_valid]]))
+                        for h in range(heads)) / heads
+        loss = loss + loss_task
     loss_mix = zs.sum() * 0.0
     if mix is not None:  # one head (the config refuses model.heads > 1 with mixup)
         loss_mix = mixed_loss(method, model, [zm[0] for zm in z_mix], mix, labels, q, optim.alpha)
