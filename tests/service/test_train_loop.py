@@ -325,10 +325,16 @@ def test_the_known_novel_term_adds_its_weighted_loss_and_leaves_the_pseudo_label
 
 
 def test_a_run_is_refused_a_negative_known_novel_weight():
+    """The config refuses it before training starts, and the method layer refuses it on its own too."""
     from ncdlr.methods import build_method
     from ncdlr.methods.base import MethodConfigError
+    from ncdlr.service.config import ConfigError, load_config
 
+    with pytest.raises(ConfigError, match="method.task_weight"):
+        load_config(overrides=["--method.task_weight", "-0.1"])
     cfg = small_config()
+    cfg.method.task_weight = 0.25
+    assert build_method(cfg.method, cfg.labeler, num_novel=4).task_weight == 0.25
     cfg.method.task_weight = -0.1
     with pytest.raises(MethodConfigError, match="method.task_weight"):
         build_method(cfg.method, cfg.labeler, num_novel=4)
