@@ -131,12 +131,10 @@ class Method(abc.ABC):
         prototypes, kind = model.class_prototypes(), self.known_loss_kind
         return 0.5 * (self.prototype_loss(z1, prototypes, labels, kind) + self.prototype_loss(z2, prototypes, labels, kind))
 
-    def task_loss(self, model: PrototypeModel, known: Tensor, novel: Tensor) -> Tensor | None:
+    def task_loss(self, model: PrototypeModel, known: Tensor, novel: Tensor) -> Tensor:
         """``method.task_weight`` × the known-vs-novel cross-entropy (:func:`ncdlr.losses.known_novel_cross_entropy`)
-        of the valid labelled rows ``known [n_s, D]`` and unlabelled rows ``novel [n_u, D]`` (both views stacked);
-        None when the weight is 0 (the term is off and costs nothing)."""
-        if self.task_weight == 0:
-            return None
+        of the valid labelled rows ``known [n_s, D]`` and unlabelled rows ``novel [n_u, D]`` (both views stacked).
+        The train step calls it only when the weight is > 0, so the term costs nothing when it is off."""
         z = torch.cat([known, novel])
         is_novel = torch.cat([known.new_zeros(known.shape[0], dtype=torch.bool), novel.new_ones(novel.shape[0], dtype=torch.bool)])
         return self.task_weight * known_novel_cross_entropy(z, model.class_prototypes(), model.num_known, is_novel,
