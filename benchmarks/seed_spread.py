@@ -45,12 +45,17 @@ With ``--gap A B`` (two variants) it also prints the **paired gap** A − B of t
 have, with two standard errors (:func:`paired_gap`): the seeds' (the spread of the per-seed differences) and the test
 split's (a bootstrap of the test images within each novel class, the seeds' correctness held fixed) — the second
 is how far the same two models could score apart on another test split of the same size, which more seeds do not
-shrink.
+shrink. With several datasets it ends on their **pooled** gap (:func:`pooled_gap`: the mean, SE ``sqrt(Σ SE²) / n``);
+``--results-of DATASET=DIR`` and ``--holdout-view-of DATASET`` read a dataset's cells from elsewhere, so partitions
+cached apart (OpenClipart-LT's holdout-view cells, Fashion's plain ones) pool in one command.
 
 Usage::
 
     .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
         --results /work/cache/quality-rec [--gap ncdlr uno] [--holdout-view] [--known] [--routing]
+    .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached fashion-cached --variants ncdlr --seeds 10 \
+        --results /work/cache/quality-fm --results-of openclipart-cached=/work/cache/quality-hv \
+        --holdout-view-of openclipart-cached --gap ncdlr uno
 """
 
 from __future__ import annotations
@@ -295,9 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", action="store_true", help="also print the sizes of the novel clusters on the "
                         "novel training rows (label-free): clusters holding no row, largest / smallest non-empty")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
+    parser.add_argument("--results-of", action="append", default=[], metavar="DATASET=DIR",
+                        help="read this dataset's cells from DIR instead of --results (repeatable), so one --gap "
+                             "command can pool datasets whose cells live apart")
+    parser.add_argument("--holdout-view-of", action="append", default=[], metavar="DATASET",
+                        help="read this dataset's --holdout-view cells (repeatable; --holdout-view: every dataset's)")
     quality.add_cell_arguments(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
+    bad = [item for item in args.results_of if "=" not in item]
+    if bad:
+        parser.error(f"--results-of takes DATASET=DIR, got {bad[0]!r}")
+    results_of = {d: Path(p) for d, p in (item.split("=", 1) for item in args.results_of)}
+    gaps = []  # (dataset, gap record) of each --gap under the test split's own matching, pooled at the end
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
           "| test resolution (binomial SE) | novel test images differing between two seeds (tail) "
           "| test novel, carried matching | novel classes sharing a cluster (of Ku) |")
@@ -308,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         y_true, train_novel_labels = labels["test"].numpy(), labels["novel"].numpy()
         kept = {}  # variant -> {seed: cell} of the cells that kept their test predictions
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
-            found = quality.read_cells(args.results, dataset, variant, args.seeds, holdout_view=args.holdout_view)
+            found = quality.read_cells(results_of.get(dataset, args.results), dataset, variant, args.seeds,
+                                       holdout_view=args.holdout_view or dataset in args.holdout_view_of)
             kept[variant] = {s: c for s, c in found.items() if "test_pred" in c}
         for variant in args.variants:
             cells = list(kept[variant].values())
@@ -401,8 +417,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} on the test novel classes ({name}), {g['seeds']} "
                       f"paired seeds: {g['gap']:+.1f} (SE over seeds {g['seed_se']:.1f}, over test images "
                       f"{g['sample_se']:.1f}, together {g['total_se']:.1f})")
+                if correct is None:
+                    gaps.append(g)
             print()
+    if args.gap and len(gaps) > 1:
+        p = pooled_gap(gaps)
+        print(f"pooled over {p['parts']} datasets: {args.gap[0]} − {args.gap[1]} {p['gap']:+.2f} (SE {p['se']:.2f}; the "
+              "mean of the gaps under the test split's own matching, SE sqrt(Σ SE²) / n)")
     return 0
+
+
+def pooled_gap(gaps: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of ``n`` independent gaps (each :func:`paired_gap`'s record) and its SE ``sqrt(Σ total_se²) / n``:
+    partitions with their own data and seeds, weighted alike whatever their SE."""
+    if not gaps:
+        raise ValueError("need at least one gap to pool")
+    n = len(gaps)
+    return {"gap": float(np.mean([g["gap"] for g in gaps])),
+            "se": float(np.sqrt(sum(g["total_se"] ** 2 for g in gaps)) / n), "parts": n}
 
 
 if __name__ == "__main__":

@@ -270,3 +270,41 @@ def test_the_command_prints_the_routing_table_when_asked(tmp_path, capsys):
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ncdlr | 2 |")]
     assert row == ["| ncdlr | 2 | 100.0 ± 0.0 | 100.0 ± 0.0 | 0.0 ± 0.0 % | 25.0 ± 0.0 % | 0.0 ± 0.0 % "
                    "| – / 0.0 / – % |"]
+
+
+def test_pooled_gap_is_the_mean_of_the_gaps_with_the_root_sum_of_their_squared_errors_over_n():
+    seed_spread = load_benchmark("seed_spread")
+    p = seed_spread.pooled_gap([{"gap": 1.0, "total_se": 3.0}, {"gap": 3.0, "total_se": 4.0}])
+    assert (p["gap"], p["se"], p["parts"]) == (pytest.approx(2.0), pytest.approx(2.5), 2)
+    with pytest.raises(ValueError, match="at least one"):
+        seed_spread.pooled_gap([])
+
+
+def test_one_gap_command_pools_datasets_whose_cells_live_apart(tmp_path, capsys):
+    """Two datasets on the same tiny table (1 known, 2 novel classes): fashion-cached's plain cells under --results,
+    where A names every class and B merges the two novel ones (+50 points), and fashion-cached-p1's holdout-view cells
+    in another folder, where A and B agree (0). That folder's plain cells would say +50 too, so the pooled +25 shows
+    both per-dataset options were read."""
+    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
+    argv = command_on_a_tiny_table(tmp_path, [0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2], num_known=1)
+    table = argv[argv.index("--table") + 1].split("=", 1)[1]
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    right = {"test_pred": [0, 1, 1, 2, 2], "novel_train": {"all": 1.0}}
+    merged = {"test_pred": [0, 1, 1, 1, 1], "novel_train": {"all": 0.5}}
+    for seed in (0, 1):
+        for root, dataset, hv, a, b in ((tmp_path, "fashion-cached", False, right, merged),
+                                        (other, "fashion-cached-p1", True, right, right),
+                                        (other, "fashion-cached-p1", False, right, merged)):
+            for variant, cell in (("a", a), ("b", b)):
+                quality.cell_path(root, dataset, variant, seed, None, holdout_view=hv).write_text(json.dumps(cell))
+    assert seed_spread.main(["--datasets", "fashion-cached", "fashion-cached-p1", "--variants", "a", "--seeds", "2",
+                             "--results", str(tmp_path), "--table", f"fashion-cached={table}",
+                             "--table", f"fashion-cached-p1={table}", "--results-of", f"fashion-cached-p1={other}",
+                             "--holdout-view-of", "fashion-cached-p1", "--gap", "a", "b"]) == 0
+    out = capsys.readouterr().out
+    assert "fashion-cached: a − b on the test novel classes (the test split's own matching), 2 paired seeds: +50.0" in out
+    assert "fashion-cached-p1: a − b on the test novel classes (the test split's own matching), 2 paired seeds: +0.0" in out
+    assert out.strip().splitlines()[-1].startswith("pooled over 2 datasets: a − b +25.00 (SE 0.00;")
+    with pytest.raises(SystemExit):
+        seed_spread.main([*argv, "--results-of", "fashion-cached"])
