@@ -197,12 +197,18 @@ CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-c
           "fashion-cached-p3": "/work/cache/fm-p3-lite0-96-b1-v8", "fashion-cached-p4": "/work/cache/fm-p4-lite0-96-b1-v8"}
 
 
+def dataset_items(items: list[str], flag: str, what: str) -> dict[str, str]:
+    """``{dataset: value}`` of a repeatable ``flag DATASET=WHAT`` option (``--table``, seed_spread's ``--results-of``);
+    ValueError naming the flag for an item without ``=``."""
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise ValueError(f"{flag} takes DATASET={what}, got {bad[0]!r}")
+    return dict(item.split("=", 1) for item in items)
+
+
 def activation_tables(overrides: list[str]) -> dict[str, str]:
     """Each cached dataset's activation table: :data:`CACHED`, with ``DATASET=URI`` overrides (``--table``)."""
-    bad = [item for item in overrides if "=" not in item]
-    if bad:
-        raise ValueError(f"--table takes DATASET=URI, got {bad[0]!r}")
-    given = dict(item.split("=", 1) for item in overrides)
+    given = dataset_items(overrides, "--table", "URI")
     unknown = sorted(set(given) - set(CACHED))
     if unknown:
         raise ValueError(f"--table names no cached dataset: {', '.join(unknown)} (known: {', '.join(CACHED)})")

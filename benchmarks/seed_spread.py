@@ -53,8 +53,8 @@ Usage::
 
     .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached-p1 --variants ncdlr uno --seeds 5 \\
         --results /work/cache/quality-rec [--gap ncdlr uno] [--holdout-view] [--known] [--routing]
-    .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached fashion-cached --variants ncdlr --seeds 10 \
-        --results /work/cache/quality-fm --results-of openclipart-cached=/work/cache/quality-hv \
+    .venv/bin/python benchmarks/seed_spread.py --datasets openclipart-cached fashion-cached --variants ncdlr --seeds 10 \\
+        --results /work/cache/quality-fm --results-of openclipart-cached=/work/cache/quality-hv \\
         --holdout-view-of openclipart-cached --gap ncdlr uno
 """
 
@@ -308,11 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_cell_arguments(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
-    bad = [item for item in args.results_of if "=" not in item]
-    if bad:
-        parser.error(f"--results-of takes DATASET=DIR, got {bad[0]!r}")
-    results_of = {d: Path(p) for d, p in (item.split("=", 1) for item in args.results_of)}
-    gaps = []  # (dataset, gap record) of each --gap under the test split's own matching, pooled at the end
+    try:
+        results_of = {d: Path(p) for d, p in quality.dataset_items(args.results_of, "--results-of", "DIR").items()}
+    except ValueError as err:
+        parser.error(str(err))
+    gaps = []  # paired_gap's record of each dataset under the test split's own matching, pooled at the end
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
           "| test resolution (binomial SE) | novel test images differing between two seeds (tail) "
           "| test novel, carried matching | novel classes sharing a cluster (of Ku) |")
