@@ -49,7 +49,9 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-uniform-relax-hold1 (ncdlr-uniform-relax with the sizes held for the first epoch of self-labeling,
   labeler.relax_after_epochs = 1); ncdlr-uniform-relax-nce (ncdlr-uniform-relax with cross-entropy over all K for
   the pseudo-labels and MSE for the labelled rows: method.loss = ce, method.known_loss = mse);
-  ncdlr-uniform-relax-task (ncdlr-uniform-relax plus the known-vs-novel cross-entropy, method.task_weight = 1).
+  ncdlr-uniform-relax-task (ncdlr-uniform-relax plus the known-vs-novel cross-entropy, method.task_weight = 1);
+  uno-b2 and ncdlr-uniform-relax-b2 (the same two with the last two encoder blocks trained, model.trainable_blocks
+  = 2: a cache made with ``ncdlr embed --trainable-blocks 2``, given with --table).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
 
 Usage
@@ -182,6 +184,14 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # unlabelled = novel), so this term carries no pseudo-label noise, while the MSE clusters within the novel block
     # as before. Weight 1, the weight the block term has inside that CE (and inside UNO's loss), fixed before any run
     "ncdlr-uniform-relax-task": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M}, "method": {"task_weight": 1.0}},
+    # two trained encoder blocks instead of one (model.trainable_blocks 2; needs a cache of the input of the last two
+    # blocks, `ncdlr embed --trainable-blocks 2`, through --table): the configs' setting and UNO. method.md §10 traced
+    # the gain to training the encoder, and sessions 28-30 traced what is left on OpenClipart-LT p2 to representation
+    # (novel test images in the known classes' basins); on such a cache `uno` and `ncdlr-uniform-relax` train one
+    # block on the same crops (the block before it frozen), so the pairs are on identical inputs (session 31)
+    "uno-b2": {"method": {"name": "uno"}, "model": {"prototypes": "learnable", "trainable_blocks": 2},
+               "labeler": {"prior": "uniform", "use_buffer": False}},
+    "ncdlr-uniform-relax-b2": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M}, "model": {"trainable_blocks": 2}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

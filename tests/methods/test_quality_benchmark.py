@@ -228,3 +228,57 @@ def test_the_task_rehearsal_weighs_the_configs_setting_against_the_same_with_the
     variant = quality.VARIANTS["ncdlr-uniform-relax-task"]
     as_edits = {f"{section}.{name}": value for section, values in variant.items() for name, value in values.items()}
     assert candidates == {"uniform-relaxed": quality.UNIFORM_RELAXED, "uniform-relaxed-task": as_edits}
+
+
+def _two_block_cache(folder) -> str:
+    """A tiny tiny_cnn activation cache of the input of its last TWO blocks (``[16, 16, 16]`` at 32 px; 3 views)."""
+    import numpy as np
+
+    from ncdlr.data.features import write_table_part
+
+    rng = np.random.default_rng(0)
+    meta = {"num_known": 2, "num_novel": 2, "encoder": "tiny_cnn", "pretrained": "", "image_size": 32,
+            "cached_blocks": 2, "shape": [16, 16, 16], "views": {"known": 3, "novel": 3, "test": 1}}
+    parts = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
+    for split, (views, labels) in parts.items():
+        act = rng.standard_normal((len(labels), views, 16, 16, 16)).astype(np.float16)
+        write_table_part(f"{folder}/part-{split}.parquet", act, np.array(labels), [split] * len(labels),
+                         source_ids=[f"{split}/{i:02d}.jpg" for i in range(len(labels))],
+                         class_names=["a", "b", "c", "d"], metadata=meta)
+    return str(folder)
+
+
+def test_the_two_block_variants_train_one_more_block_than_their_twins_on_the_same_cache(tmp_path, one_torch_thread):
+    """``uno-b2`` / ``ncdlr-uniform-relax-b2`` (session 31) are ``uno`` / ``ncdlr-uniform-relax`` with
+    ``model.trainable_blocks`` 2 and nothing else changed. On one two-block cache the twins train the last block
+    only (the block before it stays at its initial weights) and the b2 variants train both."""
+    from ncdlr.data.features import read_feature_table
+    from ncdlr.service.local import train
+
+    quality = load_benchmark("quality")
+    splits = read_feature_table(_two_block_cache(tmp_path / "cache"))
+    for one, two in (("uno", "uno-b2"), ("ncdlr-uniform-relax", "ncdlr-uniform-relax-b2")):
+        edits_one, edits_two = quality.VARIANTS[one], quality.VARIANTS[two]
+        assert edits_two["model"] == {**edits_one.get("model", {}), "trainable_blocks": 2}
+        assert {k: v for k, v in edits_two.items() if k != "model"} == {k: v for k, v in edits_one.items() if k != "model"}
+        first = {}
+        for variant in (one, two):
+            cfg = quality.variant_config("openclipart-cached", variant, 0, splits, 1)
+            cfg.data.batch_size = 4
+            run = train(cfg, splits)
+            assert cfg.model.cached_blocks == 2 and cfg.model.trainable_blocks == (2 if variant == two else 1)
+            blocks = run.model.encoder.backbone.blocks
+            first[variant] = [p.detach().clone() for p in blocks[1].parameters()]
+            assert all(p.requires_grad for p in blocks[2].parameters())
+            assert all(p.requires_grad == (variant == two) for p in blocks[1].parameters())
+        # the twins start from the same (seeded) weights: only the two-block run moved the block before the last
+        assert all(torch.equal(a, b) for a, b in zip(first[one], _initial_block(1)))
+        assert any(not torch.equal(a, b) for a, b in zip(first[two], _initial_block(1)))
+
+
+def _initial_block(index: int) -> list[torch.Tensor]:
+    """tiny_cnn's block ``index`` as a two-block cache's encoder starts it (its seeded initial weights)."""
+    from ncdlr.models import build_encoder
+
+    encoder = build_encoder("tiny_cnn", trainable_blocks=2, image_size=32, cached_blocks=2)
+    return [p.detach() for p in encoder.backbone.blocks[index].parameters()]
