@@ -257,6 +257,7 @@ def test_the_two_block_variants_train_one_more_block_than_their_twins_on_the_sam
 
     quality = load_benchmark("quality")
     splits = read_feature_table(_two_block_cache(tmp_path / "cache"))
+    initial = _initial_block(1)
     for one, two in (("uno", "uno-b2"), ("ncdlr-uniform-relax", "ncdlr-uniform-relax-b2")):
         edits_one, edits_two = quality.VARIANTS[one], quality.VARIANTS[two]
         assert edits_two["model"] == {**edits_one.get("model", {}), "trainable_blocks": 2}
@@ -272,8 +273,8 @@ def test_the_two_block_variants_train_one_more_block_than_their_twins_on_the_sam
             assert all(p.requires_grad for p in blocks[2].parameters())
             assert all(p.requires_grad == (variant == two) for p in blocks[1].parameters())
         # the twins start from the same (seeded) weights: only the two-block run moved the block before the last
-        assert all(torch.equal(a, b) for a, b in zip(first[one], _initial_block(1)))
-        assert any(not torch.equal(a, b) for a, b in zip(first[two], _initial_block(1)))
+        assert all(torch.equal(a, b) for a, b in zip(first[one], initial))
+        assert any(not torch.equal(a, b) for a, b in zip(first[two], initial))
 
 
 def _initial_block(index: int) -> list[torch.Tensor]:
