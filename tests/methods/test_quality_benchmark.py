@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from tests.fixtures.activation_caches import write_activation_cache
 from tests.fixtures.benchmarks import load_benchmark
 
 
@@ -232,20 +233,8 @@ def test_the_task_rehearsal_weighs_the_configs_setting_against_the_same_with_the
 
 def _two_block_cache(folder) -> str:
     """A tiny tiny_cnn activation cache of the input of its last TWO blocks (``[16, 16, 16]`` at 32 px; 3 views)."""
-    import numpy as np
-
-    from ncdlr.data.features import write_table_part
-
-    rng = np.random.default_rng(0)
-    meta = {"num_known": 2, "num_novel": 2, "encoder": "tiny_cnn", "pretrained": "", "image_size": 32,
-            "cached_blocks": 2, "shape": [16, 16, 16], "views": {"known": 3, "novel": 3, "test": 1}}
     parts = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
-    for split, (views, labels) in parts.items():
-        act = rng.standard_normal((len(labels), views, 16, 16, 16)).astype(np.float16)
-        write_table_part(f"{folder}/part-{split}.parquet", act, np.array(labels), [split] * len(labels),
-                         source_ids=[f"{split}/{i:02d}.jpg" for i in range(len(labels))],
-                         class_names=["a", "b", "c", "d"], metadata=meta)
-    return str(folder)
+    return write_activation_cache(folder, parts, num_known=2, shape=(16, 16, 16), cached_blocks=2)
 
 
 def test_the_two_block_variants_train_one_more_block_than_their_twins_on_the_same_cache(tmp_path, one_torch_thread):

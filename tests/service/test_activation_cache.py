@@ -19,6 +19,7 @@ from ncdlr.models import build_encoder, build_model
 from ncdlr.service.config import Config
 from ncdlr.service.run_data import model_for_table
 from ncdlr.service.train_loop import PairedBatch, build_worker_state, feature_batches, train_step
+from tests.fixtures.activation_caches import write_activation_cache
 
 KS, KU = 2, 2
 
@@ -116,16 +117,9 @@ NAMES = ["a", "b", "c", "d"]
 
 
 def _write_cache(folder, views: int = 3, seed: int = 0, nan_row: int | None = None):
-    rng = np.random.default_rng(seed)
+    """A ``[V, 32, 8, 8]`` cache of 2 known and 2 novel classes, its rows written in reverse source-id order."""
     parts = {"known": (views, [0, 1, 0, 1, 1]), "novel": (views, [2, 3, 3, 2]), "test": (1, [0, 1, 2, 3])}
-    for split, (v, labels) in parts.items():
-        act = rng.standard_normal((len(labels), v, 32, 8, 8)).astype(np.float16)
-        if nan_row is not None and split == "novel":
-            act[nan_row, 0, 0, 0, 0] = np.nan
-        write_table_part(f"{folder}/part-{split}.parquet", act, np.array(labels), [split] * len(labels),
-                         source_ids=[f"{split}/{i:02d}.jpg" for i in range(len(labels))][::-1],
-                         class_names=NAMES, metadata={**META, "views": {"known": views, "novel": views, "test": 1}})
-    return str(folder)
+    return write_activation_cache(folder, parts, num_known=KS, seed=seed, reverse_ids=True, nan_row=nan_row)
 
 
 def test_an_activation_table_reads_as_float16_views_in_source_id_order(tmp_path):

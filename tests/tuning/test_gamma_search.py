@@ -15,6 +15,7 @@ from ray import tune
 
 from ncdlr.service.config import Config, load_config
 from ncdlr.service.tune import UNIFORM
+from tests.fixtures.activation_caches import write_activation_cache
 from tuning.gamma_search import format_table, main, rank_trials, write_best_config
 
 ROOT = Path(__file__).parents[2]
@@ -112,17 +113,8 @@ def _tiny_activation_cache(folder: Path) -> str:
     """A tiny_cnn activation cache (``[V=3, 32, 8, 8]`` per row): 4 known classes, 2 novel, 6 novel rows."""
     import numpy as np
 
-    from ncdlr.data.features import write_table_part
-
-    rng = np.random.default_rng(0)
-    meta = {"num_known": 4, "num_novel": 2, "encoder": "tiny_cnn", "pretrained": "", "image_size": 32,
-            "cached_blocks": 1, "shape": [32, 8, 8], "views": {"known": 3, "novel": 3}}
-    for split, labels in (("known", np.repeat(np.arange(4), [8, 6, 5, 4])), ("novel", np.array([4, 5] * 3))):
-        write_table_part(f"{folder}/part-{split}.parquet",
-                         rng.standard_normal((len(labels), 3, 32, 8, 8)).astype(np.float16), labels,
-                         [split] * len(labels), source_ids=[f"{split}{i:03d}" for i in range(len(labels))],
-                         class_names=[str(i) for i in range(6)], metadata=meta)
-    return str(folder)
+    known = np.repeat(np.arange(4), [8, 6, 5, 4]).tolist()
+    return write_activation_cache(folder, {"known": (3, known), "novel": (3, [4, 5] * 3)}, num_known=4)
 
 
 def test_trials_on_an_activation_cache_train_the_configs_last_block_and_planted_rows_keep_their_views(tmp_path):
