@@ -192,6 +192,12 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "uno-b2": {"method": {"name": "uno"}, "model": {"prototypes": "learnable", "trainable_blocks": 2},
                "labeler": {"prior": "uniform", "use_buffer": False}},
     "ncdlr-uniform-relax-b2": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M}, "model": {"trainable_blocks": 2}},
+    # session 32: the head imprinted before training (model.head_init imprint: the known rows onto their prototypes,
+    # the novel rows' k-means clusters of the initial features onto the novel ones), against the seed spread
+    "uno-imprint": {"method": {"name": "uno"}, "model": {"prototypes": "learnable", "head_init": "imprint"},
+                    "labeler": {"prior": "uniform", "use_buffer": False}},
+    "ncdlr-uniform-relax-imprint": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M},
+                                    "model": {"head_init": "imprint"}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

@@ -68,6 +68,7 @@ class ModelConfig:
     cached_blocks: int = 0  #: set from an activation table (ncdlr embed --trainable-blocks B): the encoder takes the cached activations at the input of its last B blocks
     heads: int = 1  #: H discovery heads trained side by side on the shared encoder, each with its own self-labeling (and buffer); after each epoch the head with the lowest novel loss is the one that predicts (UNO's multi-head, label-free). 1 → the paper's single head
     prototypes: str = "etf"  #: "etf" (fixed simplex ETF, the paper) | "learnable" (normalised, trained; uno/autonovel need it)
+    head_init: str = "random"  #: "random" (seeded default init) | "imprint" (feature tables and activation caches, linear head, one head: before training, the closed-form ridge fit of the head that sends the known rows to their class prototypes and the novel rows' k-means clusters of the initial features to the novel prototypes; ncdlr.models.imprint)
     num_novel: str = "0"  #: novel clusters Ku: "0" → the data's number of novel classes; N → N clusters; "auto" → ncdlr.estimate_k on the known+novel training features first (image mode embeds them with the frozen model.encoder first)
 
 
@@ -128,6 +129,7 @@ class Config:
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.head": ("auto", "identity", "expand", "linear", "mlp"),
     "model.prototypes": ("etf", "learnable"),
+    "model.head_init": ("random", "imprint"),
     "method.loss": ("auto", "mse", "ce"),
     "method.known_loss": ("auto", "mse", "ce"),
     "method.posthoc": ("none", "la", "crt", "la+crt"),
@@ -331,6 +333,9 @@ def resolve(settings: list[Setting]) -> Config:
         raise ConfigError(f"labeler.size_floor holds relaxed sizes under a prior that does not learn: it needs "
                           f"labeler.reg_m > 0 and labeler.prior uniform (or fixed); got reg_m={cfg.labeler.reg_m:g}, "
                           f"prior={cfg.labeler.prior!r}")
+    if cfg.model.head_init == "imprint" and (cfg.model.head != "linear" or cfg.model.heads != 1):
+        raise ConfigError(f"model.head_init imprint fits one linear head: it needs model.head linear and model.heads 1; "
+                          f"got head {cfg.model.head!r}, heads {cfg.model.heads}")
     if cfg.model.heads > 1 and cfg.method.name == "autonovel":
         raise ConfigError("model.heads > 1 needs a self-labeling method (ncdlr or uno); autonovel has one head")
     if cfg.model.heads > 1 and cfg.optim.mixup > 0:

@@ -22,7 +22,7 @@ from ncdlr.metrics import cluster_accuracy
 
 from .config import Config
 from .num_novel import fill_from_known
-from .run_data import model_for_table
+from .run_data import init_head, model_for_table
 
 
 @dataclass
@@ -72,6 +72,7 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
     model_for_table(cfg, splits)
     fill_from_known(cfg, splits.train_counts(), splits.num_known, splits.features["novel"].shape[0])
     model = build_model(cfg.model, splits.num_known, splits.num_novel, image_size=cfg.data.image_size)
+    init_head(cfg, model, splits)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)
     state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits))
     metrics: dict[str, float] = {}

@@ -53,8 +53,17 @@ def preflight(cfg: Config, data: TrainingData) -> None:
     check_run_directory(cfg)
     check_test_split(cfg, data)
     check_num_novel(cfg, data)
+    check_head_init(cfg, data)
     check_resume(cfg, data)
     check_shards(cfg, data)
+
+
+def check_head_init(cfg: Config, data: TrainingData) -> None:
+    """``model.head_init imprint`` fits the head on the training rows in memory: a feature table or activation
+    cache (``--features``), not image shards streamed by Ray Data."""
+    if cfg.model.head_init == "imprint" and data.features is None:
+        raise ConfigError("model.head_init imprint needs a feature table or activation cache (--features): in image "
+                          "mode the training rows stream through Ray Data and are not in memory to fit the head on")
 
 
 def _is_local(path: str) -> bool:

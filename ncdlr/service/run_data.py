@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncdlr.data.features import FeatureSplits
+from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.data.manifest import Manifest
 
 from .config import Config, ConfigError, DataConfig
@@ -105,6 +105,19 @@ def model_for_table(cfg: Config, splits: FeatureSplits) -> None:
                           "(ncdlr embed --views 2 or more)")
     cfg.model.cached_blocks, cfg.model.feature_dim = blocks, 0
     cfg.data.image_size = int(meta["image_size"])
+
+
+def init_head(cfg: Config, model, splits: FeatureSplits) -> dict[str, float] | None:
+    """``model.head_init``: with ``imprint``, fit ``model``'s head on view 0 of the training rows of ``splits`` (the
+    known split's labels and k-means clusters of the novel split, seeded by ``run.seed``;
+    :func:`ncdlr.models.imprint.imprint_head`) and return its fit shares; None with ``random`` (nothing done).
+    No novel label is read."""
+    if cfg.model.head_init != "imprint":
+        return None
+    from ncdlr.models.imprint import imprint_head
+
+    return imprint_head(model, first_view(splits.features["known"]), splits.labels["known"],
+                        first_view(splits.features["novel"]), seed=cfg.run.seed)
 
 
 def pipeline_config(cfg: Config, *, eval_mode: bool = False):

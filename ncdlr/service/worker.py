@@ -25,14 +25,17 @@ from ncdlr.data.features import FeatureSplits, first_view
 
 from .config import Config
 from .console import EpochLog
-from .run_data import DatasetSummary
+from .run_data import DatasetSummary, init_head
 from .train_loop import PairedBatch, WorkerState
 
 # ---- the worker's parts ------------------------------------------------------------------------------------
 
 
-def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.device, world: int) -> WorkerState:
-    """Model, method (with its labeler) and optimiser, built once; DDP-wrapped when ``world > 1``."""
+def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.device, world: int,
+                features: FeatureSplits | None = None) -> WorkerState:
+    """Model, method (with its labeler) and optimiser, built once; DDP-wrapped when ``world > 1``. With
+    ``model.head_init imprint`` the head is fitted on ``features`` first (every rank fits the same head from the
+    same rows and seed; DDP also broadcasts rank 0's)."""
     from ncdlr.methods import build_method
     from ncdlr.models import build_model
 
@@ -41,6 +44,8 @@ def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.
 
     num_novel = model_num_novel(cfg, summary)  # model.num_novel (resolved by fit) or the data's Ku
     model = build_model(cfg.model, summary.num_known, num_novel, image_size=cfg.data.image_size)
+    if features is not None:
+        init_head(cfg, model, features)
     method = build_method(cfg.method, cfg.labeler, num_novel, fixed_prior=fixed_prior_counts(cfg, summary),
                           heads=cfg.model.heads)
     state = build_worker_state(cfg.optim, model, method, steps, device, seed=cfg.run.seed,
@@ -268,7 +273,7 @@ def train_worker(config: dict) -> None:
     max_steps = cfg.data.max_steps_per_epoch if features is not None else 0  # image streams run whole epochs
     steps = steps_per_epoch(summary.novel_rows, cfg.data.batch_size, world, max_steps)
     batches = epoch_batches(cfg, features, rank, world, device, steps)  # image streams start now, beside the build
-    state = build_state(cfg, summary, steps, device, world)
+    state = build_state(cfg, summary, steps, device, world, features)
     buffer_state = restore(state, cfg, rank)
     actor = ray.get_actor(config["actor"], namespace=config["namespace"]) if config.get("actor") else None
     client = connect(state, cfg, actor, buffer_state, rank, world)

@@ -272,3 +272,22 @@ def _initial_block(index: int) -> list[torch.Tensor]:
 
     encoder = build_encoder("tiny_cnn", trainable_blocks=2, image_size=32, cached_blocks=2)
     return [p.detach() for p in encoder.backbone.blocks[index].parameters()]
+
+
+def test_the_imprint_variants_differ_from_their_twins_only_in_the_head_init(tmp_path, one_torch_thread):
+    """``uno-imprint`` / ``ncdlr-uniform-relax-imprint`` (session 32) are ``uno`` / ``ncdlr-uniform-relax`` with
+    ``model.head_init imprint``; each trains locally on a one-block cache."""
+    from ncdlr.data.features import read_feature_table
+    from ncdlr.service.local import train
+
+    quality = load_benchmark("quality")
+    parts = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
+    splits = read_feature_table(write_activation_cache(tmp_path / "cache", parts, num_known=2))
+    for one in ("uno", "ncdlr-uniform-relax"):
+        edits_one, edits_two = quality.VARIANTS[one], quality.VARIANTS[f"{one}-imprint"]
+        assert edits_two["model"] == {**edits_one.get("model", {}), "head_init": "imprint"}
+        assert {k: v for k, v in edits_two.items() if k != "model"} == {k: v for k, v in edits_one.items() if k != "model"}
+        cfg = quality.variant_config("openclipart-cached", f"{one}-imprint", 0, splits, 1)
+        cfg.data.batch_size = 4
+        assert cfg.model.head_init == "imprint" and cfg.model.head == "linear"
+        assert train(cfg, splits).model.head.net.weight.isfinite().all()

@@ -260,3 +260,13 @@ def test_relative_features_and_resume_paths_reach_the_ray_workers(tmp_path, tabl
     saved = load_yaml(tmp_path / "second" / "config.yaml")
     assert saved.data.features == str(tmp_path / "features.parquet")
     assert saved.run.resume == str(tmp_path / checkpoint) and saved.run.output == str(tmp_path / "second")
+
+
+def test_an_imprinted_head_in_image_mode_is_refused_before_ray(tmp_path, capsys, no_ray):
+    """``model.head_init imprint`` fits the head on rows in memory: image shards streamed by Ray Data are refused."""
+    records, classes, info = make_tiny_dataset(size=16)
+    write_dataset(str(tmp_path / "dataset"), records, classes, info, progress=False)
+    err = refused(capsys, "--uri", str(tmp_path / "dataset"), "--encoder", "tiny_cnn", "--model.head", "linear",
+                  "--model.head_init", "imprint", "--output", str(tmp_path / "run"))
+    assert "model.head_init imprint" in err and "--features" in err
+    assert not (tmp_path / "run").exists()
