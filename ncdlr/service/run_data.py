@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.data.manifest import Manifest
 
 from .config import Config, ConfigError, DataConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -116,8 +119,11 @@ def init_head(cfg: Config, model, splits: FeatureSplits) -> dict[str, float] | N
         return None
     from ncdlr.models.imprint import imprint_head
 
-    return imprint_head(model, first_view(splits.features["known"]), splits.labels["known"],
-                        first_view(splits.features["novel"]), seed=cfg.run.seed)
+    fit = imprint_head(model, first_view(splits.features["known"]), splits.labels["known"],
+                       first_view(splits.features["novel"]), seed=cfg.run.seed)
+    log.info("head imprinted: %.0f%% of the known rows on their class, %.0f%% of the novel rows on their k-means "
+             "cluster's prototype", 100 * fit["fit_known"], 100 * fit["fit_novel"])
+    return fit
 
 
 def pipeline_config(cfg: Config, *, eval_mode: bool = False):
