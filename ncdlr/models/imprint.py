@@ -65,11 +65,11 @@ def imprint_head(model, known_x: torch.Tensor, known_y: torch.Tensor, novel_x: t
         unit_novel = torch.nn.functional.normalize(feats[1], dim=1).numpy()
         clusters = torch.as_tensor(kmeans(unit_novel, model.num_novel, seed), dtype=torch.long)
         targets = torch.cat([known_y.long(), model.num_known + clusters])
-        prototypes = model.class_prototypes().T  # [K, D]
-        weight, bias = ridge_fit(torch.cat(feats), prototypes[targets], ridge)
+        rows = torch.cat(feats)
+        weight, bias = ridge_fit(rows, model.class_prototypes().T[targets], ridge)  # targets' prototypes [N, D]
         model.head.net.weight.copy_(weight)
         model.head.net.bias.copy_(bias)
-        pred = model.logits(model.head(torch.cat(feats))).argmax(1)
+        pred = model.logits(model.head(rows)).argmax(1)
     finally:
         model.train(was_training)
     hit = pred == targets
