@@ -68,7 +68,7 @@ class ModelConfig:
     cached_blocks: int = 0  #: set from an activation table (ncdlr embed --trainable-blocks B): the encoder takes the cached activations at the input of its last B blocks
     heads: int = 1  #: H discovery heads trained side by side on the shared encoder, each with its own self-labeling (and buffer); after each epoch the head with the lowest novel loss is the one that predicts (UNO's multi-head, label-free). 1 → the paper's single head
     prototypes: str = "etf"  #: "etf" (fixed simplex ETF, the paper) | "learnable" (normalised, trained; uno/autonovel need it)
-    head_init: str = "random"  #: "random" (seeded default init) | "imprint" (feature tables and activation caches, linear head, one head: before training, the closed-form ridge fit of the head that sends the known rows to their class prototypes and the novel rows' k-means clusters of the initial features to the novel prototypes; ncdlr.models.imprint)
+    head_init: str = "random"  #: "random" (seeded default init) | "imprint" (feature tables and activation caches, linear head, one head: before training, the closed-form ridge fit of the head that sends the known rows to their class prototypes and the novel rows' k-means clusters of the initial features to the novel prototypes; ncdlr.models.imprint). Measured (results.md, session 32): it fixes the start but training stays in the k-means clustering, −4.3 novel points pooled over two OpenClipart-LT partitions, so random stays the default
     num_novel: str = "0"  #: novel clusters Ku: "0" → the data's number of novel classes; N → N clusters; "auto" → ncdlr.estimate_k on the known+novel training features first (image mode embeds them with the frozen model.encoder first)
 
 
