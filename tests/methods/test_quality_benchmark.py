@@ -231,10 +231,13 @@ def test_the_task_rehearsal_weighs_the_configs_setting_against_the_same_with_the
     assert candidates == {"uniform-relaxed": quality.UNIFORM_RELAXED, "uniform-relaxed-task": as_edits}
 
 
+#: the splits of the tiny caches below: ``{split: (views, labels)}``, 2 known and 2 novel classes
+TINY_CACHE = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
+
+
 def _two_block_cache(folder) -> str:
     """A tiny tiny_cnn activation cache of the input of its last TWO blocks (``[16, 16, 16]`` at 32 px; 3 views)."""
-    parts = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
-    return write_activation_cache(folder, parts, num_known=2, shape=(16, 16, 16), cached_blocks=2)
+    return write_activation_cache(folder, TINY_CACHE, num_known=2, shape=(16, 16, 16), cached_blocks=2)
 
 
 def test_the_two_block_variants_train_one_more_block_than_their_twins_on_the_same_cache(tmp_path, one_torch_thread):
@@ -281,8 +284,7 @@ def test_the_imprint_variants_differ_from_their_twins_only_in_the_head_init(tmp_
     from ncdlr.service.local import train
 
     quality = load_benchmark("quality")
-    parts = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
-    splits = read_feature_table(write_activation_cache(tmp_path / "cache", parts, num_known=2))
+    splits = read_feature_table(write_activation_cache(tmp_path / "cache", TINY_CACHE, num_known=2))
     for one in ("uno", "ncdlr-uniform-relax"):
         edits_one, edits_two = quality.VARIANTS[one], quality.VARIANTS[f"{one}-imprint"]
         assert edits_two["model"] == {**edits_one.get("model", {}), "head_init": "imprint"}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from ncdlr.data.features import read_feature_table
 from ncdlr.models import build_model
 from ncdlr.service.config import Config
 from ncdlr.service.run_data import init_head, load_training_data, model_for_table
@@ -43,5 +42,5 @@ def test_the_worker_build_and_the_local_init_fit_the_same_head_and_random_leaves
     cfg.model.head_init = "random"
     untouched = build_model(cfg.model, 2, 2, image_size=cfg.data.image_size)
     untouched.load_state_dict(seeded.state_dict())
-    assert init_head(cfg, untouched, read_feature_table(cfg.data.features)) is None
+    assert init_head(cfg, untouched, data.features) is None
     assert torch.equal(untouched.head.net.weight, seeded.head.net.weight)
