@@ -19,30 +19,59 @@ def _soft_targets(targets: Tensor, num_classes: int, n: int) -> Tensor:
     return targets
 
 
-def prototype_mse(z: Tensor, prototypes: Tensor, targets: Tensor) -> Tensor:
+def _row_mean(per_row: Tensor, weights: Tensor | None) -> Tensor:
+    """``mean_i l_i``, or with ``weights [N]`` (≥ 0) the weighted mean ``Σ_i w_i l_i / Σ_i w_i``."""
+    if weights is None:
+        return per_row.mean()
+    if weights.shape != per_row.shape:
+        raise ValueError(f"weights must be [N] = [{per_row.shape[0]}], got {tuple(weights.shape)}")
+    weights = weights.to(per_row.dtype)
+    return (weights * per_row).sum() / weights.sum()
+
+
+def prototype_mse(z: Tensor, prototypes: Tensor, targets: Tensor, weights: Tensor | None = None) -> Tensor:
     """``mean_i Σ_k q_ik ‖z_i - p_k‖²`` (for unit ``z``: ``mean_i Σ_k q_ik (2 - 2 z_i·p_k)``).
 
     Args:
         z: ``[N, D]`` embeddings (normalised in ncdlr; the squared distance is exact either way).
         prototypes: ``[D, K]`` fixed prototypes (all classes, or just the novel block ``P^u``).
         targets: hard labels ``[N]`` in ``[0, K)`` or soft labels ``[N, K]`` with rows summing to 1.
+        weights: optional ``[N]`` row weights (≥ 0, not all 0): the mean becomes ``Σ_i w_i l_i / Σ_i w_i``
+            (:func:`class_balance_weights`).
 
     Returns:
-        scalar loss (mean over the batch).
+        scalar loss (mean over the batch, or its weighted mean).
     """
     q = _soft_targets(targets, prototypes.shape[1], z.shape[0])
     sq_dist = (z * z).sum(1, keepdim=True) - 2 * z @ prototypes + (prototypes * prototypes).sum(0)[None, :]
-    return (q * sq_dist).sum(1).mean()
+    return _row_mean((q * sq_dist).sum(1), weights)
 
 
-def prototype_cross_entropy(z: Tensor, prototypes: Tensor, targets: Tensor, temperature: float = 0.1) -> Tensor:
+def prototype_cross_entropy(z: Tensor, prototypes: Tensor, targets: Tensor, temperature: float = 0.1,
+                            weights: Tensor | None = None) -> Tensor:
     """Cross-entropy on cosine logits ``z·p_k / T`` (the ablation of Table 5 and UNO's loss).
 
-    Shapes as in :func:`prototype_mse`; ``temperature`` 0.1 as in UNO.
+    Shapes and ``weights`` as in :func:`prototype_mse`; ``temperature`` 0.1 as in UNO.
     """
     q = _soft_targets(targets, prototypes.shape[1], z.shape[0])
     log_p = torch.log_softmax(z @ prototypes / temperature, dim=1)
-    return -(q * log_p).sum(1).mean()
+    return _row_mean(-(q * log_p).sum(1), weights)
+
+
+def class_balance_weights(counts: Tensor, power: float) -> Tensor:
+    """``[C]`` per-class loss weights ``n_c^(−power)`` from the classes' training counts ``counts [C]`` (rows), scaled to
+    a largest weight of 1 (the losses normalise by the batch's weights, so only the ratios matter).
+
+    ``power`` 0 gives equal weights (the plain mean), 1 the class-balanced weighting: over a batch the weighted mean
+    then counts each class about equally, whatever its count. A class with no training row gets weight 0.
+    """
+    if not power >= 0:  # also refuses NaN
+        raise ValueError(f"power must be >= 0, got {power}")
+    counts = torch.as_tensor(counts, dtype=torch.float64)
+    if counts.ndim != 1 or not bool((counts >= 0).all()) or not bool((counts > 0).any()):
+        raise ValueError(f"counts must be [C] non-negative training counts with one above 0, got {counts.tolist()}")
+    weights = torch.where(counts > 0, counts.clamp(min=1.0) ** -power, torch.zeros_like(counts))
+    return (weights / weights.max()).float()
 
 
 def known_novel_cross_entropy(z: Tensor, prototypes: Tensor, num_known: int, is_novel: Tensor,

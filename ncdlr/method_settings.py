@@ -56,6 +56,7 @@ class MethodConfig:
     name: str = "ncdlr"  #: "ncdlr" (ETF + MSE + adaptive self-labeling) | "uno" | "autonovel" (each sets the prototypes and buffer it needs)
     loss: str = "auto"  #: "auto" (ncdlr: mse; uno/autonovel: ce) | "mse" | "ce" — the MSE-vs-CE ablation of ncdlr
     known_loss: str = "auto"  #: loss of the labelled known rows only: "auto" (= method.loss, the paper's one loss for both) | "mse" | "ce" (cross-entropy on cos/T against the same fixed prototypes; MSE's gain is robustness to noisy pseudo-labels, which clean labels do not need)
+    known_reweight: float = 0.0  #: q ≥ 0: the labelled known rows' loss weights each row by its class's training count to the power −q, normalised over the batch (Σ w l / Σ w): 1 = class-balanced (each known class counts about equally whatever its count), 0 = off (the paper's mean over rows). The counts come from the training data (observable: known labels only)
     temperature: float = 0.1  #: T of cross-entropy logits cos/T (UNO: 0.1)
     task_weight: float = 0.0  #: ≥ 0; > 0 adds this weight × a known-vs-novel cross-entropy on every labelled and unlabelled row (both views): the softmax mass of cos/T over the known columns against the novel ones, with the exact block of each row as target (labelled = known, unlabelled = novel), so no pseudo-label enters it and the classes within a block do not compete. 0 = off (the paper's loss). Against novel images predicted as known classes (results.md, sessions 28–30)
     topk: int = 5  #: autonovel: top-k feature dimensions compared by the ranking statistics

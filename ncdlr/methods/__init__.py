@@ -31,8 +31,10 @@ __all__ = ["METHODS", "AutoNovel", "Discovery", "Gather", "Method", "MethodConfi
 
 
 def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *,
-                 fixed_prior: Tensor | None = None, heads: int = 1) -> Method:
-    """The :class:`Method` named by ``method.name`` for ``num_novel`` (Ku) clusters, with its labeler.
+                 fixed_prior: Tensor | None = None, heads: int = 1, known_counts=None) -> Method:
+    """The :class:`Method` named by ``method.name`` for ``num_novel`` (Ku) clusters, with its labeler; with
+    ``known_counts [Ks]`` (the known classes' training counts) its known rows weighted by ``method.known_reweight``
+    (:meth:`Method.weigh_known_classes`; training needs them when the weight is on, prediction does not).
 
     ncdlr gets the adaptive labeler of ``labeler`` (``fixed_prior [Ku]``: the oracle sizes for ``prior=fixed``);
     UNO a balanced one (uniform prior, ``labeler.eps``/``n_iters``, relaxed by ``labeler.reg_m`` and floored by
@@ -40,6 +42,14 @@ def build_method(method: MethodConfig, labeler: LabelerConfig, num_novel: int, *
     AutoNovel none. ``heads`` (``model.heads``) labelers for a model of that many heads (one per head; AutoNovel: one
     head only). Distributed parts are wired in afterwards with :meth:`Method.connect`.
     """
+    made = _build(method, labeler, num_novel, fixed_prior, heads)
+    if known_counts is not None:
+        made.weigh_known_classes(known_counts)
+    return made
+
+
+def _build(method: MethodConfig, labeler: LabelerConfig, num_novel: int, fixed_prior: Tensor | None,
+           heads: int) -> Method:
     kind = METHODS.get(method.name)
     if kind is None:
         raise MethodConfigError(f"method.name {method.name!r} is not one of {', '.join(METHODS)}")

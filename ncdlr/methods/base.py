@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ncdlr.buffer import SharedBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.method_settings import MethodConfig
-from ncdlr.losses import known_novel_cross_entropy, prototype_cross_entropy, prototype_mse
+from ncdlr.losses import class_balance_weights, known_novel_cross_entropy, prototype_cross_entropy, prototype_mse
 
 from .discovery import Gather, single_process
 
@@ -89,10 +89,15 @@ class Method(abc.ABC):
             raise MethodConfigError(f"method.temperature must be > 0, got {cfg.temperature}")
         if not cfg.task_weight >= 0:  # also refuses NaN
             raise MethodConfigError(f"method.task_weight must be >= 0, got {cfg.task_weight}")
+        if not cfg.known_reweight >= 0:
+            raise MethodConfigError(f"method.known_reweight must be >= 0, got {cfg.known_reweight}")
         self.loss = loss
         self.known_loss_kind = known
         self.temperature = cfg.temperature
         self.task_weight = cfg.task_weight
+        self.known_reweight = cfg.known_reweight
+        #: ``[Ks]`` weights of the known classes' rows in :meth:`known_loss` (:meth:`weigh_known_classes`), or None
+        self.known_class_weights: Tensor | None = None
         self.labeler = labeler
         #: the labelers of heads 1..H-1 (``model.heads`` > 1; each its own τ/t and buffer columns), checkpointed
         self.extra_labelers = nn.ModuleList()
@@ -118,18 +123,34 @@ class Method(abc.ABC):
         labelers = self.labelers
         return labelers[min(self.active_head, len(labelers) - 1)].imbalance_factor if labelers else 1.0
 
-    def prototype_loss(self, z: Tensor, prototypes: Tensor, targets: Tensor, kind: str | None = None) -> Tensor:
+    def prototype_loss(self, z: Tensor, prototypes: Tensor, targets: Tensor, kind: str | None = None,
+                       weights: Tensor | None = None) -> Tensor:
         """``z [N, D]``, ``prototypes [D, K]``, hard ``[N]`` or soft ``[N, K]`` targets → scalar; ``kind`` "mse" or
-        "ce" (default: the method's ``loss``; the known rows use ``known_loss_kind``)."""
+        "ce" (default: the method's ``loss``; the known rows use ``known_loss_kind``); optional row ``weights [N]``
+        (the weighted mean ``Σ w l / Σ w``)."""
         if (kind or self.loss) == "mse":
-            return prototype_mse(z, prototypes, targets)
-        return prototype_cross_entropy(z, prototypes, targets, self.temperature)
+            return prototype_mse(z, prototypes, targets, weights)
+        return prototype_cross_entropy(z, prototypes, targets, self.temperature, weights)
+
+    def weigh_known_classes(self, known_counts) -> None:
+        """Set the known classes' row weights from their training counts ``known_counts [Ks]`` under
+        ``method.known_reweight`` (q): ``n_c^(−q)`` (:func:`ncdlr.losses.class_balance_weights`); nothing at q = 0."""
+        if self.known_reweight > 0:
+            self.known_class_weights = class_balance_weights(torch.as_tensor(known_counts), self.known_reweight)
 
     def known_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, labels: Tensor) -> Tensor:
         """``½ Σ_views loss(z_v, P, y)`` over the known rows ``z_v [n, D]``, ``labels [n]`` in ``0..Ks-1``, with the
-        known rows' loss (``method.known_loss``; by default the method's one loss)."""
+        known rows' loss (``method.known_loss``; by default the method's one loss), each row weighted by its class
+        (``method.known_reweight`` > 0: :meth:`weigh_known_classes`)."""
         prototypes, kind = model.class_prototypes(), self.known_loss_kind
-        return 0.5 * (self.prototype_loss(z1, prototypes, labels, kind) + self.prototype_loss(z2, prototypes, labels, kind))
+        weights = None
+        if self.known_reweight > 0:
+            if self.known_class_weights is None:
+                raise MethodConfigError("method.known_reweight > 0 weighs the known rows by their classes' training "
+                                        "counts, which this method was not given (build_method(..., known_counts=))")
+            weights = self.known_class_weights.to(labels.device)[labels]  # [n]; a labelled row's class has a count > 0
+        return 0.5 * (self.prototype_loss(z1, prototypes, labels, kind, weights)
+                      + self.prototype_loss(z2, prototypes, labels, kind, weights))
 
     def task_loss(self, model: PrototypeModel, known: Tensor, novel: Tensor) -> Tensor:
         """``method.task_weight`` × the known-vs-novel cross-entropy (:func:`ncdlr.losses.known_novel_cross_entropy`)

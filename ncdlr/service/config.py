@@ -207,7 +207,7 @@ _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_ex
                               "labeler.relax_after_epochs": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
                               "optim.average_epochs": 0.0, "model.heads": 1,
-                              "method.task_weight": 0.0}  #: numeric keys with a lower bound
+                              "method.task_weight": 0.0, "method.known_reweight": 0.0}  #: numeric keys with a lower bound
 
 
 def _as_share(text: str) -> float:
@@ -338,6 +338,9 @@ def resolve(settings: list[Setting]) -> Config:
                           f"got head {cfg.model.head!r}, heads {cfg.model.heads}")
     if cfg.model.heads > 1 and cfg.method.name == "autonovel":
         raise ConfigError("model.heads > 1 needs a self-labeling method (ncdlr or uno); autonovel has one head")
+    if cfg.method.known_reweight > 0 and cfg.optim.mixup > 0:
+        raise ConfigError("method.known_reweight > 0 does not combine with optim.mixup yet (the mixed rows' known term "
+                          "would stay unweighted); set one of them back (known_reweight 0 or mixup 0)")
     if cfg.model.heads > 1 and cfg.optim.mixup > 0:
         raise ConfigError("model.heads > 1 does not combine with optim.mixup yet; set one of them back (heads 1 or "
                           "mixup 0)")

@@ -44,12 +44,15 @@ def oracle_prior(cfg: Config, splits: FeatureSplits) -> torch.Tensor | None:
 
 
 def local_state(cfg: Config, model, steps_per_epoch: int, device: torch.device | str = "cpu",
-                fixed_prior: torch.Tensor | None = None):
+                fixed_prior: torch.Tensor | None = None, known_counts=None):
     """A single-process :class:`~ncdlr.service.train_loop.WorkerState`: ``cfg``'s method for ``model.num_novel``
-    clusters, with a :class:`~ncdlr.buffer.LocalBuffer` on ``device`` when the method uses the buffer."""
+    clusters (its known rows weighted by their classes' training counts ``known_counts [Ks]`` under
+    ``method.known_reweight``), with a :class:`~ncdlr.buffer.LocalBuffer` on ``device`` when the method uses the
+    buffer."""
     from .train_loop import build_worker_state, compile_forward
 
-    method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior, heads=model.num_heads)
+    method = build_method(cfg.method, cfg.labeler, model.num_novel, fixed_prior=fixed_prior, heads=model.num_heads,
+                          known_counts=known_counts)
     if method.uses_buffer:
         method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, buffer_width(model.num_novel, model.num_heads), device))
     state = build_worker_state(cfg.optim, model, method, steps_per_epoch, torch.device(device), seed=cfg.run.seed,
@@ -74,7 +77,8 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
     model = build_model(cfg.model, splits.num_known, splits.num_novel, image_size=cfg.data.image_size)
     init_head(cfg, model, splits)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)
-    state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits))
+    state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits),
+                        known_counts=splits.train_counts()[:splits.num_known])
     metrics: dict[str, float] = {}
     for epoch in range(cfg.optim.epochs):
         metrics = run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)

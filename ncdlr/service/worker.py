@@ -47,7 +47,7 @@ def build_state(cfg: Config, summary: DatasetSummary, steps: int, device: torch.
     if features is not None:
         init_head(cfg, model, features)
     method = build_method(cfg.method, cfg.labeler, num_novel, fixed_prior=fixed_prior_counts(cfg, summary),
-                          heads=cfg.model.heads)
+                          heads=cfg.model.heads, known_counts=summary.train_counts[:summary.num_known])
     state = build_worker_state(cfg.optim, model, method, steps, device, seed=cfg.run.seed,
                                relax_after_epochs=cfg.labeler.relax_after_epochs)
     if world > 1:

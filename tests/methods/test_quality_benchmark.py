@@ -293,3 +293,25 @@ def test_the_imprint_variants_differ_from_their_twins_only_in_the_head_init(tmp_
         cfg.data.batch_size = 4
         assert cfg.model.head_init == "imprint" and cfg.model.head == "linear"
         assert train(cfg, splits).model.head.net.weight.isfinite().all()
+
+
+def test_the_class_balanced_variant_is_the_configs_setting_with_the_known_rows_reweighted(tmp_path, one_torch_thread):
+    """``ncdlr-uniform-relax-cb`` (session 33) is ``ncdlr-uniform-relax`` with ``method.known_reweight 1``; it trains
+    locally on a one-block cache, and its known loss weighs the rows by their classes (a run differs from its twin)."""
+    from ncdlr.data.features import read_feature_table
+    from ncdlr.service.local import train
+
+    quality = load_benchmark("quality")
+    twin, balanced = quality.VARIANTS["ncdlr-uniform-relax"], quality.VARIANTS["ncdlr-uniform-relax-cb"]
+    assert balanced == {**twin, "method": {"known_reweight": 1.0}}
+    cache = {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}  # class 0 three times as common as class 1
+    splits = read_feature_table(write_activation_cache(tmp_path / "cache", cache, num_known=2))
+    weights = {}
+    for variant in ("ncdlr-uniform-relax", "ncdlr-uniform-relax-cb"):
+        cfg = quality.variant_config("openclipart-cached", variant, 0, splits, 1)
+        cfg.data.batch_size = 4
+        run = train(cfg, splits)
+        weights[variant] = run.model.head.net.weight.detach().clone()
+        assert weights[variant].isfinite().all()
+    assert run.method.known_class_weights is not None and run.method.known_reweight == 1.0
+    assert not torch.allclose(weights["ncdlr-uniform-relax"], weights["ncdlr-uniform-relax-cb"])
