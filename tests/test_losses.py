@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ncdlr.losses import known_novel_cross_entropy, prototype_cross_entropy, prototype_mse
+from ncdlr.losses import class_balance_weights, known_novel_cross_entropy, prototype_cross_entropy, prototype_mse
 from ncdlr.prototypes import simplex_etf
 
 
@@ -80,3 +80,40 @@ def test_known_novel_cross_entropy_refuses_a_wrong_known_count_or_mask_and_is_ze
         known_novel_cross_entropy(z, p, 2, torch.zeros(3, dtype=torch.bool))
     empty = known_novel_cross_entropy(z[:0], p, 2, torch.zeros(0, dtype=torch.bool))
     assert float(empty) == 0.0
+
+
+def test_row_weights_give_the_weighted_mean_and_none_or_equal_weights_the_plain_mean():
+    z, p = unit(6, 8, 1), simplex_etf(8, 4, seed=0)
+    y = torch.tensor([0, 0, 1, 2, 3, 3])
+    w = torch.tensor([0.5, 0.5, 2.0, 1.0, 0.0, 3.0])
+    for loss in (prototype_mse, prototype_cross_entropy):
+        per_row = torch.stack([loss(z[i:i + 1], p, y[i:i + 1]) for i in range(6)])
+        torch.testing.assert_close(loss(z, p, y, weights=w), (w * per_row).sum() / w.sum())
+        torch.testing.assert_close(loss(z, p, y, weights=torch.full((6,), 7.0)), loss(z, p, y))
+        with pytest.raises(ValueError, match=r"weights must be \[N\] = \[6\]"):
+            loss(z, p, y, weights=w[:5])
+
+
+def test_class_balanced_weights_count_each_class_equally_over_a_batch_drawn_at_the_training_shares():
+    counts = torch.tensor([6.0, 2.0, 1.0])
+    weights = class_balance_weights(counts, 1.0)
+    torch.testing.assert_close(weights, torch.tensor([1 / 6, 1 / 2, 1.0]))
+    torch.testing.assert_close(class_balance_weights(counts, 0.0), torch.ones(3))
+    torch.testing.assert_close(class_balance_weights(counts, 0.5), (counts ** -0.5) / (counts ** -0.5).max())
+    # a batch with the training shares (6:2:1): the weighted mean is the mean over classes of each class's mean
+    z, p = unit(9, 8, 2), simplex_etf(8, 3, seed=1)
+    y = torch.tensor([0] * 6 + [1] * 2 + [2])
+    per_row = torch.stack([prototype_mse(z[i:i + 1], p, y[i:i + 1]) for i in range(9)])
+    class_means = torch.stack([per_row[y == c].mean() for c in range(3)])
+    torch.testing.assert_close(prototype_mse(z, p, y, weights=weights[y]), class_means.mean())
+
+
+def test_class_balance_weights_refuse_a_negative_power_and_counts_with_no_row():
+    assert class_balance_weights(torch.tensor([4.0, 0.0, 2.0]), 1.0).tolist() == [0.5, 0.0, 1.0]
+    with pytest.raises(ValueError, match="power must be >= 0"):
+        class_balance_weights(torch.tensor([1.0, 2.0]), -1.0)
+    with pytest.raises(ValueError, match="power must be >= 0"):
+        class_balance_weights(torch.tensor([1.0, 2.0]), float("nan"))
+    for bad in (torch.tensor([0.0, 0.0]), torch.tensor([3.0, -1.0]), torch.ones(2, 2)):
+        with pytest.raises(ValueError, match="non-negative training counts"):
+            class_balance_weights(bad, 1.0)

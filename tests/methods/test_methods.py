@@ -284,3 +284,46 @@ def test_known_loss_ce_puts_cross_entropy_on_the_labelled_rows_and_keeps_mse_for
     assert method.novel_loss(Model(), z1, z2, q, valid) == pytest.approx(float(expected), rel=1e-6)
     with pytest.raises(ConfigError, match="method.known_loss"):
         load_config(None, ["--method.known_loss", "hinge"])
+
+
+def test_known_reweight_weighs_each_labelled_row_by_its_class_count_and_needs_the_counts():
+    """``method.known_reweight q``: the known loss is ``Σ w l / Σ w`` with ``w = n_c^-q`` from the counts given to
+    :func:`build_method`; the novel loss is untouched; q = 0 is the plain mean; q > 0 without counts is refused at the
+    first known loss (prediction needs none), and a negative q or q with mixup is refused by the config."""
+    from ncdlr.losses import prototype_cross_entropy, prototype_mse
+    from ncdlr.prototypes import simplex_etf
+
+    class Model:
+        num_known, num_novel, learnable_prototypes = KS, KU, False
+        prototypes = simplex_etf(DIM, KS + KU, seed=0)
+
+        def class_prototypes(self):
+            return self.prototypes
+
+    g = torch.Generator().manual_seed(2)
+    z1, z2 = (torch.nn.functional.normalize(torch.randn(7, DIM, generator=g), dim=1) for _ in range(2))
+    labels = torch.tensor([0, 0, 0, 0, 1, 2, 3])
+    counts = [120, 60, 30, 20]
+    p = Model.prototypes
+    plain = build_method(Config().method, Config().labeler, KU, known_counts=counts)
+    assert plain.known_class_weights is None
+    expected = 0.5 * (prototype_mse(z1, p, labels) + prototype_mse(z2, p, labels))
+    assert plain.known_loss(Model(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-6)
+
+    for name, loss in (("uno", prototype_cross_entropy), ("ncdlr", prototype_mse)):  # UNO's known loss is CE
+        cfg = load_config(None, ["--method.known_reweight", "1", "--method.name", name])
+        weighted = build_method(cfg.method, cfg.labeler, KU, known_counts=counts)
+        w = torch.tensor([1 / counts[c] for c in labels.tolist()])
+        expected = 0.5 * sum(((w * torch.stack([loss(z[i:i + 1], p, labels[i:i + 1]) for i in range(7)])).sum()
+                              / w.sum()) for z in (z1, z2))
+        assert weighted.known_loss(Model(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-5)
+    q = torch.softmax(torch.randn(2, 7, KU, generator=g), dim=2)
+    valid = torch.ones(7, dtype=torch.bool)
+    assert weighted.novel_loss(Model(), z1, z2, q, valid) == pytest.approx(float(plain.novel_loss(Model(), z1, z2, q, valid)))
+    unweighed = build_method(cfg.method, cfg.labeler, KU)
+    with pytest.raises(MethodConfigError, match="training counts"):
+        unweighed.known_loss(Model(), z1, z2, labels)
+    with pytest.raises(ConfigError, match="method.known_reweight"):
+        load_config(None, ["--method.known_reweight", "-0.5"])
+    with pytest.raises(ConfigError, match="optim.mixup"):
+        load_config(None, ["--method.known_reweight", "1", "--optim.mixup", "0.4"])
