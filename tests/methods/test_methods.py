@@ -12,6 +12,7 @@ from ncdlr.methods import (METHODS, MethodConfigError, build_method, class_balan
                            pseudo_label_counts, ranking_pairs)
 from ncdlr.data.features import FeatureSplits
 from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.prototypes import simplex_etf
 from ncdlr.service.config import Config, ConfigError, load_config
 from ncdlr.service.local import evaluate, train
 
@@ -37,6 +38,16 @@ def tiny_table(seed: int = 0) -> FeatureSplits:
     return FeatureSplits({"known": x[known], "novel": x[~known], "test": draw(test_y)},
                          {"known": train_y[known], "novel": train_y[~known], "test": test_y}, KS, KU,
                          [str(i) for i in range(KS + KU)])
+
+
+class EtfModel:
+    """The least a method needs of a model (:class:`ncdlr.methods.PrototypeModel`): fixed ETF prototypes ``[D, K]``."""
+
+    num_known, num_novel, learnable_prototypes = KS, KU, False
+    prototypes = simplex_etf(DIM, KS + KU, seed=0)
+
+    def class_prototypes(self):
+        return self.prototypes
 
 
 def tiny_config(method: str, **labeler) -> Config:
@@ -257,31 +268,23 @@ def test_anchored_prior_needs_an_anchor():
 def test_known_loss_ce_puts_cross_entropy_on_the_labelled_rows_and_keeps_mse_for_the_pseudo_labels():
     """``method.known_loss=ce``: the known rows' loss is cross-entropy on cos/T, the novel rows' stays MSE."""
     from ncdlr.losses import prototype_cross_entropy, prototype_mse
-    from ncdlr.prototypes import simplex_etf
 
     cfg = load_config(None, ["--method.known_loss", "ce"])
     method = build_method(cfg.method, cfg.labeler, KU)
     assert (method.loss, method.known_loss_kind) == ("mse", "ce")
     assert build_method(Config().method, Config().labeler, KU).known_loss_kind == "mse"  # auto: the one loss
 
-    class Model:
-        num_known, num_novel, learnable_prototypes = KS, KU, False
-        prototypes = simplex_etf(DIM, KS + KU, seed=0)
-
-        def class_prototypes(self):
-            return self.prototypes
-
     g = torch.Generator().manual_seed(1)
     z1, z2 = (torch.nn.functional.normalize(torch.randn(6, DIM, generator=g), dim=1) for _ in range(2))
     labels = torch.tensor([0, 1, 2, 3, 0, 1])
-    p = Model.prototypes
+    p = EtfModel.prototypes
     expected = 0.5 * (prototype_cross_entropy(z1, p, labels, 0.1) + prototype_cross_entropy(z2, p, labels, 0.1))
-    assert method.known_loss(Model(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-6)
+    assert method.known_loss(EtfModel(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-6)
     q = torch.softmax(torch.randn(2, 6, KU, generator=g), dim=2)
     valid = torch.ones(6, dtype=torch.bool)
     padded = [torch.cat([torch.zeros(6, KS), q[v]], dim=1) for v in (0, 1)]
     expected = 0.5 * (prototype_mse(z2, p, padded[0]) + prototype_mse(z1, p, padded[1]))
-    assert method.novel_loss(Model(), z1, z2, q, valid) == pytest.approx(float(expected), rel=1e-6)
+    assert method.novel_loss(EtfModel(), z1, z2, q, valid) == pytest.approx(float(expected), rel=1e-6)
     with pytest.raises(ConfigError, match="method.known_loss"):
         load_config(None, ["--method.known_loss", "hinge"])
 
@@ -291,24 +294,16 @@ def test_known_reweight_weighs_each_labelled_row_by_its_class_count_and_needs_th
     :func:`build_method`; the novel loss is untouched; q = 0 is the plain mean; q > 0 without counts is refused at the
     first known loss (prediction needs none), and a negative q or q with mixup is refused by the config."""
     from ncdlr.losses import prototype_cross_entropy, prototype_mse
-    from ncdlr.prototypes import simplex_etf
-
-    class Model:
-        num_known, num_novel, learnable_prototypes = KS, KU, False
-        prototypes = simplex_etf(DIM, KS + KU, seed=0)
-
-        def class_prototypes(self):
-            return self.prototypes
 
     g = torch.Generator().manual_seed(2)
     z1, z2 = (torch.nn.functional.normalize(torch.randn(7, DIM, generator=g), dim=1) for _ in range(2))
     labels = torch.tensor([0, 0, 0, 0, 1, 2, 3])
     counts = [120, 60, 30, 20]
-    p = Model.prototypes
+    p = EtfModel.prototypes
     plain = build_method(Config().method, Config().labeler, KU, known_counts=counts)
     assert plain.known_class_weights is None
     expected = 0.5 * (prototype_mse(z1, p, labels) + prototype_mse(z2, p, labels))
-    assert plain.known_loss(Model(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-6)
+    assert plain.known_loss(EtfModel(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-6)
 
     for name, loss in (("uno", prototype_cross_entropy), ("ncdlr", prototype_mse)):  # UNO's known loss is CE
         cfg = load_config(None, ["--method.known_reweight", "1", "--method.name", name])
@@ -316,13 +311,13 @@ def test_known_reweight_weighs_each_labelled_row_by_its_class_count_and_needs_th
         w = torch.tensor([1 / counts[c] for c in labels.tolist()])
         expected = 0.5 * sum(((w * torch.stack([loss(z[i:i + 1], p, labels[i:i + 1]) for i in range(7)])).sum()
                               / w.sum()) for z in (z1, z2))
-        assert weighted.known_loss(Model(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-5)
+        assert weighted.known_loss(EtfModel(), z1, z2, labels) == pytest.approx(float(expected), rel=1e-5)
     q = torch.softmax(torch.randn(2, 7, KU, generator=g), dim=2)
     valid = torch.ones(7, dtype=torch.bool)
-    assert weighted.novel_loss(Model(), z1, z2, q, valid) == pytest.approx(float(plain.novel_loss(Model(), z1, z2, q, valid)))
+    assert weighted.novel_loss(EtfModel(), z1, z2, q, valid) == pytest.approx(float(plain.novel_loss(EtfModel(), z1, z2, q, valid)))
     unweighed = build_method(cfg.method, cfg.labeler, KU)
     with pytest.raises(MethodConfigError, match="training counts"):
-        unweighed.known_loss(Model(), z1, z2, labels)
+        unweighed.known_loss(EtfModel(), z1, z2, labels)
     with pytest.raises(ConfigError, match="method.known_reweight"):
         load_config(None, ["--method.known_reweight", "-0.5"])
     with pytest.raises(ConfigError, match="optim.mixup"):
