@@ -33,7 +33,7 @@ def test_snapshot_waits_until_the_step_is_pushed():
     assert not ready
     actor.push.remote(0, np.ones((2, 2), np.float32))
     actor.push.remote(1, np.zeros((2, 2), np.float32))
-    step, state = ray.get(pending, timeout=10)
+    step, state = ray.get(pending, timeout=60)  # a bound against a hang, not a timing check (10 s timed out once on a loaded 2-core machine)
     assert step == 1 and state["rows"][-2:].sum() == 0
     ray.kill(actor)
 
