@@ -148,7 +148,9 @@ class Method(abc.ABC):
             if self.known_class_weights is None:
                 raise MethodConfigError("method.known_reweight > 0 weighs the known rows by their classes' training "
                                         "counts, which this method was not given (build_method(..., known_counts=))")
-            weights = self.known_class_weights.to(labels.device)[labels]  # [n]; a labelled row's class has a count > 0
+            if self.known_class_weights.device != labels.device:  # moved to the step's device once, not every step
+                self.known_class_weights = self.known_class_weights.to(labels.device)
+            weights = self.known_class_weights[labels]  # [n]; a labelled row's class has a count > 0
         return 0.5 * (self.prototype_loss(z1, prototypes, labels, kind, weights)
                       + self.prototype_loss(z2, prototypes, labels, kind, weights))
 
