@@ -519,7 +519,9 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: replicated rehearsals); ``relax-hold``: the dataset configs' relaxed sizes (uniform prior, ρ 0.45) against the same
 #: after one epoch of held sizes (``labeler.relax_after_epochs`` 1, the variant ``ncdlr-uniform-relax-hold1``);
 #: ``task``: the configs' relaxed sizes without and with the known-vs-novel term (``method.task_weight`` 1, the
-#: variant ``ncdlr-uniform-relax-task``; on a planted problem the planted classes' rows are unlabelled, so novel).
+#: variant ``ncdlr-uniform-relax-task``; on a planted problem the planted classes' rows are unlabelled, so novel);
+#: ``known-balance``: the same without and with the class-balanced known loss (``method.known_reweight`` 1, the variant
+#: ``ncdlr-uniform-relax-cb``; the weights come from the rehearsal's own known classes' counts).
 UNIFORM_RELAXED: dict[str, object] = {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}  #: the configs' sizes
 EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M}, "uniform-relaxed": UNIFORM_RELAXED},
@@ -527,6 +529,8 @@ EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "relax-hold": {"uniform-relaxed": UNIFORM_RELAXED,
                    "uniform-relaxed-hold1": {**UNIFORM_RELAXED, "labeler.relax_after_epochs": 1.0}},
     "task": {"uniform-relaxed": UNIFORM_RELAXED, "uniform-relaxed-task": {**UNIFORM_RELAXED, "method.task_weight": 1.0}},
+    "known-balance": {"uniform-relaxed": UNIFORM_RELAXED,
+                      "uniform-relaxed-cb": {**UNIFORM_RELAXED, "method.known_reweight": 1.0}},
 }
 
 
@@ -734,7 +738,8 @@ def main(argv: list[str] | None = None) -> int:
                              "0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior), uniform-sizes "
                              "(held, or relaxed with the uniform prior), relax-hold (the configs' relaxed sizes, or "
                              "the same after one epoch of held sizes), task (the configs' relaxed sizes without or "
-                             "with method.task_weight 1)")
+                             "with method.task_weight 1), known-balance (the same without or with "
+                             "method.known_reweight 1)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--select-draws", type=int, default=SELECT_DRAWS,
                         help=f"validation draws of each --select-setting rehearsal (default {SELECT_DRAWS}); a cached "

@@ -221,14 +221,17 @@ def test_the_task_variant_adds_only_the_known_novel_term_to_the_configs_setting(
     assert quality.VARIANTS["ncdlr-uniform-relax-task"]["labeler"] == quality.VARIANTS["ncdlr-uniform-relax"]["labeler"]
 
 
-def test_the_task_rehearsal_weighs_the_configs_setting_against_the_same_with_the_known_novel_term():
-    """``--select-setting task``: the default is the configs' setting as it is, the challenger the variant's edits."""
+@pytest.mark.parametrize("what, challenger, variant", [("task", "uniform-relaxed-task", "ncdlr-uniform-relax-task"),
+                                                      ("known-balance", "uniform-relaxed-cb", "ncdlr-uniform-relax-cb")])
+def test_the_task_and_balance_rehearsals_weigh_the_configs_setting_against_their_variants(what, challenger, variant):
+    """``--select-setting task`` / ``known-balance``: the default is the configs' setting as it is, the challenger the
+    variant's edits (the known-vs-novel term; the class-balanced known loss)."""
     quality = load_benchmark("quality")
-    key, candidates, default = quality.rehearsal_candidates("task")
-    assert (key, default) == ("task", "uniform-relaxed")
-    variant = quality.VARIANTS["ncdlr-uniform-relax-task"]
-    as_edits = {f"{section}.{name}": value for section, values in variant.items() for name, value in values.items()}
-    assert candidates == {"uniform-relaxed": quality.UNIFORM_RELAXED, "uniform-relaxed-task": as_edits}
+    key, candidates, default = quality.rehearsal_candidates(what)
+    assert (key, default) == (what, "uniform-relaxed")
+    edits = quality.VARIANTS[variant]
+    as_edits = {f"{section}.{name}": value for section, values in edits.items() for name, value in values.items()}
+    assert candidates == {"uniform-relaxed": quality.UNIFORM_RELAXED, challenger: as_edits}
 
 
 #: the splits of the tiny caches below: ``{split: (views, labels)}``, 2 known and 2 novel classes
