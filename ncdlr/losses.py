@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -58,7 +60,7 @@ def prototype_cross_entropy(z: Tensor, prototypes: Tensor, targets: Tensor, temp
     return _row_mean(-(q * log_p).sum(1), weights)
 
 
-def class_balance_weights(counts: Tensor, power: float) -> Tensor:
+def class_balance_weights(counts: Tensor | Sequence[float], power: float) -> Tensor:
     """``[C]`` per-class loss weights ``n_c^(−power)`` from the classes' training counts ``counts [C]`` (rows), scaled to
     a largest weight of 1 (the losses normalise by the batch's weights, so only the ratios matter).
 

@@ -136,7 +136,7 @@ class Method(abc.ABC):
         """Set the known classes' row weights from their training counts ``known_counts [Ks]`` under
         ``method.known_reweight`` (q): ``n_c^(−q)`` (:func:`ncdlr.losses.class_balance_weights`); nothing at q = 0."""
         if self.known_reweight > 0:
-            self.known_class_weights = class_balance_weights(torch.as_tensor(known_counts), self.known_reweight)
+            self.known_class_weights = class_balance_weights(known_counts, self.known_reweight)
 
     def known_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, labels: Tensor) -> Tensor:
         """``½ Σ_views loss(z_v, P, y)`` over the known rows ``z_v [n, D]``, ``labels [n]`` in ``0..Ks-1``, with the
