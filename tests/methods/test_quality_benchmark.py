@@ -221,6 +221,26 @@ def test_the_task_variant_adds_only_the_known_novel_term_to_the_configs_setting(
     assert quality.VARIANTS["ncdlr-uniform-relax-task"]["labeler"] == quality.VARIANTS["ncdlr-uniform-relax"]["labeler"]
 
 
+def test_the_task_and_balance_variant_is_the_configs_setting_with_both_known_side_edits():
+    """``ncdlr-uniform-relax-task-cb`` (session 34): the configs' setting with the known-vs-novel term at weight 1 and
+    the class-balanced known loss (q = 1), each as its own variant has it, and nothing else changed; the method built
+    from it, given the known counts, weighs the rarer known class more and keeps the block term."""
+    from ncdlr.methods import build_method
+
+    quality = load_benchmark("quality")
+    twin = quality.VARIANTS["ncdlr-uniform-relax"]
+    both = quality.VARIANTS["ncdlr-uniform-relax-task-cb"]
+    assert both == {**twin, "method": {**quality.VARIANTS["ncdlr-uniform-relax-task"]["method"],
+                                       **quality.VARIANTS["ncdlr-uniform-relax-cb"]["method"]}}
+    cfg = variant_config(quality, "ncdlr-uniform-relax-task-cb")
+    method = build_method(cfg.method, cfg.labeler, 5, known_counts=[30, 10])
+    assert (method.name, method.loss, method.known_loss_kind) == ("ncdlr", "mse", "mse")
+    assert (method.task_weight, method.known_reweight) == (1.0, 1.0)
+    weights = method.known_class_weights
+    assert weights is not None and weights[1] == pytest.approx(3 * weights[0])
+    assert (cfg.labeler.prior, cfg.labeler.reg_m) == ("uniform", quality.RELAX_REG_M)
+
+
 @pytest.mark.parametrize("what, challenger, variant", [("task", "uniform-relaxed-task", "ncdlr-uniform-relax-task"),
                                                       ("known-balance", "uniform-relaxed-cb", "ncdlr-uniform-relax-cb")])
 def test_the_task_and_balance_rehearsals_weigh_the_configs_setting_against_their_variants(what, challenger, variant):
