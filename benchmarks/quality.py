@@ -528,7 +528,8 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: ``task``: the configs' relaxed sizes without and with the known-vs-novel term (``method.task_weight`` 1, the
 #: variant ``ncdlr-uniform-relax-task``; on a planted problem the planted classes' rows are unlabelled, so novel);
 #: ``known-balance``: the same without and with the class-balanced known loss (``method.known_reweight`` 1, the variant
-#: ``ncdlr-uniform-relax-cb``; the weights come from the rehearsal's own known classes' counts).
+#: ``ncdlr-uniform-relax-cb``; the weights come from the rehearsal's own known classes' counts); ``task-balance``: the
+#: same without and with both (the variant ``ncdlr-uniform-relax-task-cb``, session 34).
 UNIFORM_RELAXED: dict[str, object] = {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}  #: the configs' sizes
 EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M}, "uniform-relaxed": UNIFORM_RELAXED},
@@ -538,6 +539,9 @@ EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "task": {"uniform-relaxed": UNIFORM_RELAXED, "uniform-relaxed-task": {**UNIFORM_RELAXED, "method.task_weight": 1.0}},
     "known-balance": {"uniform-relaxed": UNIFORM_RELAXED,
                       "uniform-relaxed-cb": {**UNIFORM_RELAXED, "method.known_reweight": 1.0}},
+    "task-balance": {"uniform-relaxed": UNIFORM_RELAXED,
+                     "uniform-relaxed-task-cb": {**UNIFORM_RELAXED, "method.task_weight": 1.0,
+                                                 "method.known_reweight": 1.0}},
 }
 
 
@@ -746,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(held, or relaxed with the uniform prior), relax-hold (the configs' relaxed sizes, or "
                              "the same after one epoch of held sizes), task (the configs' relaxed sizes without or "
                              "with method.task_weight 1), known-balance (the same without or with "
-                             "method.known_reweight 1)")
+                             "method.known_reweight 1), task-balance (the same without or with both)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--select-draws", type=int, default=SELECT_DRAWS,
                         help=f"validation draws of each --select-setting rehearsal (default {SELECT_DRAWS}); a cached "

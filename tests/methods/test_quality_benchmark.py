@@ -242,10 +242,12 @@ def test_the_task_and_balance_variant_is_the_configs_setting_with_both_known_sid
 
 
 @pytest.mark.parametrize("what, challenger, variant", [("task", "uniform-relaxed-task", "ncdlr-uniform-relax-task"),
-                                                      ("known-balance", "uniform-relaxed-cb", "ncdlr-uniform-relax-cb")])
+                                                      ("known-balance", "uniform-relaxed-cb", "ncdlr-uniform-relax-cb"),
+                                                      ("task-balance", "uniform-relaxed-task-cb",
+                                                       "ncdlr-uniform-relax-task-cb")])
 def test_the_task_and_balance_rehearsals_weigh_the_configs_setting_against_their_variants(what, challenger, variant):
-    """``--select-setting task`` / ``known-balance``: the default is the configs' setting as it is, the challenger the
-    variant's edits (the known-vs-novel term; the class-balanced known loss)."""
+    """``--select-setting task`` / ``known-balance`` / ``task-balance``: the default is the configs' setting as it is,
+    the challenger the variant's edits (the known-vs-novel term; the class-balanced known loss; both)."""
     quality = load_benchmark("quality")
     key, candidates, default = quality.rehearsal_candidates(what)
     assert (key, default) == (what, "uniform-relaxed")
