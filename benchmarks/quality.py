@@ -531,17 +531,25 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: ``ncdlr-uniform-relax-cb``; the weights come from the rehearsal's own known classes' counts); ``task-balance``: the
 #: same without and with both (the variant ``ncdlr-uniform-relax-task-cb``, session 34).
 UNIFORM_RELAXED: dict[str, object] = {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}  #: the configs' sizes
+
+
+def variant_edits(variant: str) -> dict[str, object]:
+    """The config edits of :data:`VARIANTS` ``variant`` as dotted keys (``{"method.task_weight": 1.0, ...}``), so a
+    rehearsal's challenger is the variant the test splits measured, written once."""
+    return {f"{section}.{name}": value
+            for section, values in VARIANTS[variant].items() for name, value in values.items()}
+
+
 EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M}, "uniform-relaxed": UNIFORM_RELAXED},
     "uniform-sizes": {"held": {}, "uniform-relaxed": UNIFORM_RELAXED},
     "relax-hold": {"uniform-relaxed": UNIFORM_RELAXED,
                    "uniform-relaxed-hold1": {**UNIFORM_RELAXED, "labeler.relax_after_epochs": 1.0}},
-    "task": {"uniform-relaxed": UNIFORM_RELAXED, "uniform-relaxed-task": {**UNIFORM_RELAXED, "method.task_weight": 1.0}},
+    "task": {"uniform-relaxed": UNIFORM_RELAXED, "uniform-relaxed-task": variant_edits("ncdlr-uniform-relax-task")},
     "known-balance": {"uniform-relaxed": UNIFORM_RELAXED,
-                      "uniform-relaxed-cb": {**UNIFORM_RELAXED, "method.known_reweight": 1.0}},
+                      "uniform-relaxed-cb": variant_edits("ncdlr-uniform-relax-cb")},
     "task-balance": {"uniform-relaxed": UNIFORM_RELAXED,
-                     "uniform-relaxed-task-cb": {**UNIFORM_RELAXED, "method.task_weight": 1.0,
-                                                 "method.known_reweight": 1.0}},
+                     "uniform-relaxed-task-cb": variant_edits("ncdlr-uniform-relax-task-cb")},
 }
 
 
