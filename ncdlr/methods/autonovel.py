@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ncdlr.method_settings import MethodConfig
 
-from .base import Method, MethodConfigError
+from .base import NCDLR_LOSS_OPTIONS, Method, MethodConfigError
 
 
 def ranking_pairs(features: Tensor, topk: int) -> Tensor:
@@ -45,6 +45,7 @@ class AutoNovel(Method):
     name = "autonovel"
     default_loss = "ce"
     requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
+    file_resets = NCDLR_LOSS_OPTIONS  # AutoNovel as published: a dataset config's ncdlr loss options do not carry over
     soft_novel_targets = False  # pairwise labels: mixup blends only the known rows
 
     def __init__(self, cfg: MethodConfig):

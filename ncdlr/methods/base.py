@@ -57,6 +57,11 @@ def pad_novel(q: Tensor, num_known: int) -> Tensor:
     return torch.cat([q.new_zeros(q.shape[0], num_known), q], dim=1)
 
 
+#: ncdlr's loss options a dataset config may set (the known-vs-novel term, the class-balanced known loss), at their
+#: off values: the baselines as published train without them, so they undo a file's values (``Method.file_resets``)
+NCDLR_LOSS_OPTIONS: Mapping[str, object] = {"method.task_weight": 0.0, "method.known_reweight": 0.0}
+
+
 class Method(abc.ABC):
     """Base: a supervised known-class loss and a prediction rule over the model's (unit) prototypes.
 

@@ -17,7 +17,7 @@ from ncdlr.buffer import SharedBuffer
 from ncdlr.labeler import AdaptiveSelfLabeler
 from ncdlr.method_settings import MethodConfig
 
-from .base import Method, MethodConfigError, PrototypeModel
+from .base import NCDLR_LOSS_OPTIONS, Method, MethodConfigError, PrototypeModel
 from .discovery import Discovery, Gather, single_process
 
 
@@ -31,9 +31,11 @@ class UNO(Method):
     name = "uno"
     default_loss = "ce"
     requires = {"model.prototypes": "learnable", "labeler.use_buffer": False}
-    #: UNO as published holds its clusters' sizes: a dataset config's relaxed sizes (chosen for ncdlr) do not carry
-    #: over to ``--method.name uno``; ``--labeler.reg_m`` on the command line still relaxes UNO's Sinkhorn
-    file_resets = {"labeler.reg_m": 0.0, "labeler.size_floor": "none", "labeler.relax_after_epochs": 0.0}
+    #: UNO as published holds its clusters' sizes and has neither of ncdlr's loss options: a dataset config's relaxed
+    #: sizes and loss options (chosen for ncdlr) do not carry over to ``--method.name uno``; given on the command line
+    #: (``--labeler.reg_m``, ``--method.task_weight``, ...) they still apply
+    file_resets = {"labeler.reg_m": 0.0, "labeler.size_floor": "none", "labeler.relax_after_epochs": 0.0,
+                   **NCDLR_LOSS_OPTIONS}
 
     def __init__(self, cfg: MethodConfig, balanced: AdaptiveSelfLabeler,
                  extra_labelers: list[AdaptiveSelfLabeler] | None = None):
