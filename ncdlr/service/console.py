@@ -121,6 +121,14 @@ def cluster_sizes_phrase(labeler: AdaptiveSelfLabeler | None, relax_after_epochs
     return f"sizes held at the {kind} prior"
 
 
+def loss_options_phrase(task_weight: float, known_reweight: float) -> str:
+    """The method's optional loss terms that are on, for the run's first line (``method.task_weight``,
+    ``method.known_reweight``); "" when both are off (the paper's loss)."""
+    parts = ([f"known-vs-novel term {task_weight:g}"] if task_weight > 0 else []) + (
+        [f"known rows weighted by class count^-{known_reweight:g}"] if known_reweight > 0 else [])
+    return ", ".join(parts)
+
+
 def progress_bar(done: int, total: int, width: int = 20) -> str:
     """``[#####...............]`` for ``done`` of ``total`` steps."""
     filled = width * min(done, total) // max(total, 1)
@@ -159,11 +167,12 @@ class EpochLog:
         """Once, before the first epoch: where the run trains, how long an epoch is, the method and its clusters."""
         if self.active:
             what = "resuming after" if state.epoch else "starting at"
-            sizes = cluster_sizes_phrase(state.labeler, self.cfg.labeler.relax_after_epochs)
+            phrases = [cluster_sizes_phrase(state.labeler, self.cfg.labeler.relax_after_epochs),
+                       loss_options_phrase(self.cfg.method.task_weight, self.cfg.method.known_reweight)]
             self.say("line", f"[ncdlr] {world} worker(s) on {state.device.type}, {self.steps_per_epoch or '?'} steps per "
                              f"epoch, {what} epoch {state.epoch}/{self.cfg.optim.epochs}; method "
                              f"{self.cfg.method.name}, {state.model.num_novel} novel clusters"
-                             + (f", {sizes}" if sizes else ""))
+                             + "".join(f", {phrase}" for phrase in phrases if phrase))
 
     def step(self, state, stats: dict[str, float]) -> None:
         """After every training step (``run_epoch``'s ``on_step``)."""

@@ -58,3 +58,14 @@ def test_the_first_line_says_how_the_clusters_sizes_are_treated():
     assert (cluster_sizes_phrase(relaxed, relax_after_epochs=1.0)
             == "sizes relaxed towards the uniform prior (reg_m 0.45) after 1 epoch(s) held")
     assert cluster_sizes_phrase(None) == ""
+
+
+def test_the_first_line_names_the_optional_loss_terms_that_are_on():
+    """configs/openclipart.yaml turns on the block term and the class-balanced known loss (session 35): the first
+    line says so; the paper's loss (both 0) adds nothing."""
+    from ncdlr.service.console import loss_options_phrase
+
+    assert loss_options_phrase(0.0, 0.0) == ""
+    assert loss_options_phrase(1.0, 0.0) == "known-vs-novel term 1"
+    assert loss_options_phrase(1.0, 1.0) == "known-vs-novel term 1, known rows weighted by class count^-1"
+    assert loss_options_phrase(0.0, 0.5) == "known rows weighted by class count^-0.5"
