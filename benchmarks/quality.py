@@ -299,7 +299,9 @@ def dataset_config(name: str, epochs: int | None) -> Config:
     cfg = Config()
     if name in CACHED:  # configs/openclipart.yaml's budget, on the activation cache. Its labeler stays the paper's
         # (learned w(τ), sizes held) for every variant to start from, so `ncdlr` is the paper's algorithm; the
-        # configs' cluster sizes since session 27 (uniform prior, reg_m 0.45) are the variant `ncdlr-uniform-relax`
+        # configs' cluster sizes since session 27 (uniform prior, reg_m 0.45) are the variant `ncdlr-uniform-relax`;
+        # configs/openclipart.yaml's whole setting since session 35 (those sizes, the block term and the
+        # class-balanced known loss) is `ncdlr-uniform-relax-task-cb`
         # γ = 0.5·Ku, the config's gamma_per_cluster: 10 (10.5 rounded, as every OpenClipart cell since session 7)
         # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5
         cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -210,6 +211,35 @@ def test_uno_on_top_of_a_dataset_config_holds_its_sizes_unless_the_command_line_
     both = tmp_path / "uno-relaxed.yaml"
     both.write_text("method:\n  name: uno\nlabeler:\n  reg_m: 0.45\n")
     assert load_config(both, []).labeler.reg_m == 0.45
+
+
+@pytest.mark.parametrize("method", ["uno", "autonovel"])
+def test_a_baseline_on_top_of_a_dataset_config_trains_without_ncdlrs_loss_options(tmp_path, caplog, method):
+    """configs/openclipart.yaml sets ncdlr's block term and class-balanced known loss (session 35): ``--config F
+    --method.name uno`` / ``autonovel`` trains the baseline as published (both off) and logs it; the command line
+    keeps them; ncdlr keeps the file's values."""
+    config = tmp_path / "dataset.yaml"
+    config.write_text("method:\n  task_weight: 1\n  known_reweight: 1\n")
+    with caplog.at_level("WARNING", logger="ncdlr.service.config"):
+        baseline = load_config(config, ["--method.name", method])
+    assert (baseline.method.task_weight, baseline.method.known_reweight) == (0.0, 0.0)
+    assert "method.task_weight=1.0" in caplog.text and "method.known_reweight=1.0" in caplog.text
+    built = build_method(baseline.method, baseline.labeler, KU)
+    assert (built.task_weight, built.known_reweight) == (0.0, 0.0)
+    ncdlr = load_config(config, [])
+    assert (ncdlr.method.task_weight, ncdlr.method.known_reweight) == (1.0, 1.0)
+    kept = load_config(config, ["--method.name", method, "--method.task_weight", "0.5"])
+    assert (kept.method.task_weight, kept.method.known_reweight) == (0.5, 0.0)
+
+
+def test_the_openclipart_config_trains_ncdlr_with_both_loss_options_and_uno_as_published():
+    """The shipped config (session 35's planted rehearsal chose the pair on both partitions): ncdlr gets the block
+    term and the class-balanced known loss at weight 1, UNO on the same file neither, with held sizes."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "openclipart.yaml"
+    ncdlr = load_config(config, [])
+    assert (ncdlr.method.task_weight, ncdlr.method.known_reweight, ncdlr.labeler.reg_m) == (1.0, 1.0, 0.45)
+    uno = load_config(config, ["--method.name", "uno"])
+    assert (uno.method.task_weight, uno.method.known_reweight, uno.labeler.reg_m) == (0.0, 0.0, 0.0)
 
 
 def test_build_method_resolves_the_loss_per_method():
