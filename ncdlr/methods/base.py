@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar, Protocol
 
 import torch
@@ -59,7 +60,7 @@ def pad_novel(q: Tensor, num_known: int) -> Tensor:
 
 #: ncdlr's loss options a dataset config may set (the known-vs-novel term, the class-balanced known loss), at their
 #: off values: the baselines as published train without them, so they undo a file's values (``Method.file_resets``)
-NCDLR_LOSS_OPTIONS: Mapping[str, object] = {"method.task_weight": 0.0, "method.known_reweight": 0.0}
+NCDLR_LOSS_OPTIONS: Mapping[str, object] = MappingProxyType({"method.task_weight": 0.0, "method.known_reweight": 0.0})
 
 
 class Method(abc.ABC):

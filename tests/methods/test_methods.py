@@ -17,6 +17,7 @@ from ncdlr.prototypes import simplex_etf
 from ncdlr.service.config import Config, ConfigError, load_config
 from ncdlr.service.local import evaluate, train
 
+ROOT = Path(__file__).resolve().parents[2]
 KS, KU, DIM = 4, 4, 16
 
 
@@ -235,7 +236,7 @@ def test_a_baseline_on_top_of_a_dataset_config_trains_without_ncdlrs_loss_option
 def test_the_openclipart_config_trains_ncdlr_with_both_loss_options_and_uno_as_published():
     """The shipped config (session 35's planted rehearsal chose the pair on both partitions): ncdlr gets the block
     term and the class-balanced known loss at weight 1, UNO on the same file neither, with held sizes."""
-    config = Path(__file__).resolve().parents[2] / "configs" / "openclipart.yaml"
+    config = ROOT / "configs" / "openclipart.yaml"
     ncdlr = load_config(config, [])
     assert (ncdlr.method.task_weight, ncdlr.method.known_reweight, ncdlr.labeler.reg_m) == (1.0, 1.0, 0.45)
     uno = load_config(config, ["--method.name", "uno"])
