@@ -49,13 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace):
     """The run's Config from the command line (YAML, these flags, then the overrides; each value parsed once)."""
     from ncdlr.service.config import Setting
-    from ncdlr.service.entry import config_from_args
+    from ncdlr.service.entry import config_from_args, feature_table_settings
 
-    settings = []
-    if args.features:
-        settings.append(Setting("data.features", args.features))
-        if not args.config:  # a bare feature table: train a head on the embeddings
-            settings += [Setting("model.encoder", "identity"), Setting("model.head", "mlp")]
+    settings = feature_table_settings(args.features, args.config)
     if args.output:
         settings.append(Setting("run.output", args.output))
     if args.verbose:

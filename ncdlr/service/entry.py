@@ -27,6 +27,17 @@ def config_from_args(args, *, default_file: str | Path | None = None, settings: 
     return resolve((yaml_settings(path) if path else []) + list(settings) + args_settings(args))
 
 
+def feature_table_settings(features: str | None, config: str | None) -> list[Setting]:
+    """What ``--features URI`` says: the table, and for a bare table (no config file) a head trained on its
+    embeddings (encoder ``identity``, head ``mlp``); an activation cache's encoder is read from the table."""
+    if not features:
+        return []
+    settings = [Setting("data.features", features)]
+    if not config:
+        settings += [Setting("model.encoder", "identity"), Setting("model.head", "mlp")]
+    return settings
+
+
 def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose: bool = False,
              object_store_bytes: int | None = None) -> bool:
     """Start or join Ray once for this process; True when this call started it (the caller then shuts it down).
