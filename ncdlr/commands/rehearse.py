@@ -11,8 +11,8 @@ pseudo-novel classes alone. Only the table's known and novel rows are read; its 
 The choice is the higher mean over the draws (the rule the dataset configs were chosen by since session 27
 of docs/results.md); --margin-se 2 keeps the base unless a candidate's paired gap clears two standard errors.
 
-Cost: candidates × draws trainings of the config in this process (one thread per torch op as set by torch;
-a cached Fashion-MNIST-LT run ≈ 70 s, OpenClipart-LT ≈ 180 s on one core). Each training is recorded in
+Cost: candidates × draws trainings of the config in this process (--threads; a cached Fashion-MNIST-LT
+run ≈ 100 s, OpenClipart-LT ≈ 200 s on one core). Each training is recorded in
 OUTPUT/rehearsal.json as it ends: rerunning the same command resumes, a larger --draws extends, and a record
 made with other configs for a candidate's name is refused. Outputs: rehearsal.md (the table, also printed),
 draws.png (each candidate's score per draw), best.yaml (the chosen candidate's config:
@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of the known classes hidden per draw (0.2)")
     parser.add_argument("--output", metavar="DIR", default="runs/rehearse",
                         help="rehearsal.json (the resumable record), rehearsal.md, draws.png, best.yaml")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads of the trainings (0: torch's default, every core); 1 to run several "
+                             "rehearsals side by side")
     parser.add_argument("--json", action="store_true",
                         help='print one JSON object as the last line: {"choice", "rows": [...], "best_config"}')
     parser.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
@@ -103,6 +106,12 @@ def rehearse(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     configs = candidate_configs(base_settings(args), [parse_candidate(tokens) for tokens in args.candidate])
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     out = Path(args.output)
     record = load_record(out / RECORD_NAME, args.features, plan, configs)
     splits = read_feature_table(args.features, splits=("known", "novel"),

@@ -124,13 +124,15 @@ def test_a_malformed_candidate_is_refused_with_the_candidate_named(table, tmp_pa
     assert not (tmp_path / "out" / "rehearsal.json").exists()
 
 
-def test_no_candidate_too_few_draws_and_a_missing_table_are_refused(table, tmp_path, capsys):
+def test_no_candidate_too_few_draws_a_missing_table_and_negative_threads_are_refused(table, tmp_path, capsys):
     assert rehearse(table, tmp_path / "a", candidates=()) == 2
     assert "give at least one --candidate" in capsys.readouterr().err
     assert rehearse(table, tmp_path / "b", draws=1) == 2
     assert "at least 2 draws" in capsys.readouterr().err
     assert rehearse(str(tmp_path / "nope.parquet"), tmp_path / "c") == 2
     assert "nope.parquet" in capsys.readouterr().err
+    assert rehearse(table, tmp_path / "d", "--threads", "-1") == 2
+    assert "--threads must be 0" in capsys.readouterr().err
 
 
 def test_two_candidates_with_one_name_are_refused():
