@@ -304,6 +304,7 @@ def plot_draws(path: Path, record: Record, plan: RehearsalPlan, choice: str) -> 
     for i, (name, values) in enumerate(per_draw.items()):
         ax.plot(range(plan.draws), [100 * v for v in values], marker="o", color=f"C{i}",
                 lw=2.5 if name == choice else 1, label=f"{name} (mean {100 * np.mean(values):.1f})")
+    ax.set_xticks(range(plan.draws))
     ax.set_xlabel("validation draw (the same problem for every candidate)")
     ax.set_ylabel(f"{plan.score} score (%)")
     ax.set_title(f"ncdlr rehearse: {plan.problem} problem, choice {choice!r}")
