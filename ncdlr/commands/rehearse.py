@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rows' accuracy); val: the held-out pseudo-novel images' class-mean accuracy")
     parser.add_argument("--draws", type=int, default=defaults.draws,
                         help=f"validation draws every candidate trains on, at least 2 ({defaults.draws}; one SE "
-                             "of a planted F1 gap was 1.6–3.2 points at 8 draws on the benchmark's sets)")
+                             "of a planted F1 gap was 1.6–4.7 points at 8 draws on the benchmark's sets)")
     parser.add_argument("--margin-se", type=float, default=defaults.margin_se,
                         help="standard errors of the paired gap a candidate must clear to replace the base "
                              "(0: the higher mean)")

@@ -39,8 +39,7 @@ import numpy as np
 from ncdlr.data.features import FeatureSplits
 
 from .config import Config, ConfigError, Setting, resolve
-from .rehearsal import POOL_SPLIT, choose_candidate, planted_score, rehearsal_score, trial_config
-from .validation import ValidationConfig, planted_splits, validation_splits
+from .rehearsal import choose_candidate, rehearse
 
 #: the name of the candidate that is the base config itself (no edits): the one kept without evidence against it
 BASE = "config"
@@ -112,6 +111,9 @@ def candidate_configs(base: Sequence[Setting], candidates: Sequence[tuple[str, S
         if name in configs:
             raise ConfigError(f"candidate {name!r} is given twice")
         configs[name] = resolve(list(base) + list(edits))
+        if configs[name].run.seed != configs[BASE].run.seed:
+            raise ConfigError(f"candidate {name!r} changes run.seed: the draws are paired by it (every candidate "
+                              f"trains on the problems of run.seed + d); set --seed for all of them instead")
     seen: dict[str, str] = {}
     for name, cfg in configs.items():
         key = json.dumps(comparable(cfg), sort_keys=True)
@@ -199,38 +201,30 @@ Progress = Callable[[int, str, dict, int, int], None]
 
 
 def run_rehearsal(configs: Mapping[str, Config], splits: FeatureSplits, plan: RehearsalPlan, record: Record,
-                  path: Path | None = None, progress: Progress | None = None, train=None) -> Record:
+                  path: Path | None = None, progress: Progress | None = None) -> Record:
     """Train every candidate of ``configs`` on draws ``0 … plan.draws − 1`` that ``record`` lacks, draw by draw,
-    and record both scores of each run; ``record`` is saved to ``path`` after every training. Each candidate
-    trains in this process with its whole step's batch (:func:`single_process`).
+    and record both scores of each run; ``record`` is saved to ``path`` after every training.
 
-    Draw ``d``'s problem is seeded by ``run.seed + d`` of the base config, the same for every candidate (paired),
-    and a candidate's training seed is its own ``run.seed``. ``train`` (tests) replaces
-    :func:`ncdlr.service.local.train`."""
-    if train is None:
-        from .local import train
-    seed = configs[BASE].run.seed
+    Each training is one draw of :func:`ncdlr.service.rehearsal.rehearse` (the benchmark's rehearsal: draw ``d``
+    is the problem of seed ``run.seed + d``, the same for every candidate since they share ``run.seed``), with
+    the candidate's whole step's batch (:func:`single_process`)."""
     todo = [(d, name) for d in range(plan.draws) for name in configs if str(d) not in record.scores[name]]
-    problem = planted_splits if plan.problem == "planted" else validation_splits
-    done = 0
-    for draw in sorted({d for d, _ in todo}):
-        validation, info = problem(splits, ValidationConfig(seed=seed + draw,
-                                                            pseudo_novel_fraction=plan.pseudo_novel_fraction))
-        for name in [n for d, n in todo if d == draw]:
-            start = time.perf_counter()
-            trial = trial_config(single_process(configs[name]), splits, validation)
-            run = train(trial, validation)
-            pool = (planted_score(run, validation, info) if plan.problem == "planted"
-                    else rehearsal_score(run, validation, POOL_SPLIT))
-            result = {"val": float(rehearsal_score(run, validation)), "pool": float(pool),
-                      "seconds": time.perf_counter() - start}
-            record.scores[name][str(draw)] = result
-            done += 1
-            if path is not None:
-                save_record(path, record)
-            if progress is not None:
-                progress(draw, name, result, done, len(todo))
+    for done, (draw, name) in enumerate(todo, 1):
+        start, pool = time.perf_counter(), {}
+        val = rehearse(single_process(configs[name]), splits, {name: _as_it_is}, draws=1,
+                       pseudo_novel_fraction=plan.pseudo_novel_fraction, first_draw=draw, pool=pool,
+                       planted=plan.problem == "planted")
+        result = {"val": float(val[name][0]), "pool": float(pool[name][0]), "seconds": time.perf_counter() - start}
+        record.scores[name][str(draw)] = result
+        if path is not None:
+            save_record(path, record)
+        if progress is not None:
+            progress(draw, name, result, done, len(todo))
     return record
+
+
+def _as_it_is(_trial: Config, _num_clusters: int) -> None:
+    """The :data:`ncdlr.service.rehearsal.Candidate` edit of a candidate that is already a whole config."""
 
 
 @dataclass(frozen=True)

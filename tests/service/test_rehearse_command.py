@@ -61,15 +61,13 @@ def test_a_rerun_resumes_and_more_draws_extend_without_training_a_recorded_draw_
     assert rehearse(table, out) == 0
     first = json.loads((out / "rehearsal.json").read_text())["scores"]
     trained = []
-    from ncdlr.service import local
-
-    real = local.train
+    real = rehearsal.train
 
     def counting(cfg, splits):
         trained.append(cfg.labeler.prior)
         return real(cfg, splits)
 
-    monkeypatch.setattr(local, "train", counting)
+    monkeypatch.setattr(rehearsal, "train", counting)
     assert rehearse(table, out, draws=3) == 0
     assert trained == ["adaptive", "uniform"]  # draw 2 only, each candidate once
     again = json.loads((out / "rehearsal.json").read_text())["scores"]
@@ -117,6 +115,7 @@ def test_a_record_made_with_another_config_for_a_name_is_refused_not_mixed(table
     (["x", "labeler.no_such_key=1"], "unknown config key 'labeler.no_such_key'"),
     (["x", "labeler.reg_m=lots"], "labeler.reg_m"),
     (["same", "labeler.reg_m=0"], "resolves to the same config as 'config'"),
+    (["reseeded", "run.seed=3"], "candidate 'reseeded' changes run.seed: the draws are paired by it"),
 ])
 def test_a_malformed_candidate_is_refused_with_the_candidate_named(table, tmp_path, capsys, candidate, message):
     assert rehearse(table, tmp_path / "out", candidates=(candidate,)) == 2
