@@ -124,9 +124,10 @@ def candidate_configs(base: Sequence[Setting], candidates: Sequence[tuple[str, S
 
 
 def comparable(cfg: Config) -> dict:
-    """The part of ``cfg`` a rehearsal's trainings depend on (``run.output`` and the other run-only fields left out),
-    for telling whether a record was made with these configs."""
-    data = cfg.to_dict()
+    """The part of ``cfg`` a rehearsal's trainings depend on (``run.output`` and the other run-only fields left out;
+    ``run.num_workers`` enters through the whole step's batch, :func:`single_process`), for telling whether a
+    record was made with these configs."""
+    data = single_process(cfg).to_dict()
     data.pop("run", None)
     data["seed"] = cfg.run.seed
     return data
@@ -174,9 +175,8 @@ def load_record(path: Path, table: str, plan: RehearsalPlan, configs: Mapping[st
                              if data["configs"][name].get(section, {}).get(key) != value)
             raise ConfigError(f"{path}: candidate {name!r} was rehearsed with another config (differs in "
                               f"{', '.join(changed) or 'run.seed'}); choose another --output or give it another name")
-    record = Record(table, fresh.plan, {**data["configs"], **fresh.configs},
-                    {name: data["scores"].get(name, {}) for name in configs})
-    return record
+    return Record(table, fresh.plan, {**data["configs"], **fresh.configs},
+                  {name: data["scores"].get(name, {}) for name in configs})
 
 
 def save_record(path: Path, record: Record) -> None:

@@ -103,6 +103,8 @@ def test_a_record_made_with_another_config_for_a_name_is_refused_not_mixed(table
     assert rehearse(table, out, candidates=(["relaxed", "labeler.prior=uniform", "labeler.reg_m=0.2"],)) == 2
     err = capsys.readouterr().err
     assert "candidate 'relaxed' was rehearsed with another config (differs in labeler.reg_m)" in err
+    assert rehearse(table, out, "--num-workers", "2") == 2  # the step's batch doubles: another training
+    assert "differs in data.batch_size" in capsys.readouterr().err
     assert rehearse(table, out, "--problem", "known") == 2
     assert "choose another --output" in capsys.readouterr().err
     assert set(json.loads((out / "rehearsal.json").read_text())["scores"]["relaxed"]) == {"0", "1"}  # nothing lost
