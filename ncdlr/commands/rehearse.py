@@ -95,8 +95,8 @@ def rehearse(args: argparse.Namespace) -> int:
     from ncdlr.service.entry import EXIT_INTERRUPTED
     from ncdlr.service.config import ConfigError, save_config
     from ncdlr.service.setting_rehearsal import (RECORD_NAME, RehearsalPlan, candidate_configs, load_record,
-                                                 parse_candidate, plot_draws, render_table, run_rehearsal,
-                                                 summarise)
+                                                 parse_candidate, pending, plot_draws, render_table,
+                                                 run_rehearsal, summarise)
 
     if not args.candidate:
         raise ConfigError("give at least one --candidate NAME KEY=VALUE: the base config alone leaves nothing to "
@@ -116,7 +116,7 @@ def rehearse(args: argparse.Namespace) -> int:
     record = load_record(out / RECORD_NAME, args.features, plan, configs)
     splits = read_feature_table(args.features, splits=("known", "novel"),
                                 endpoint_url=configs["config"].data.endpoint_url or None)
-    todo = sum(str(d) not in record.scores[name] for name in configs for d in range(plan.draws))
+    todo = len(pending(record, plan))
     print(f"rehearsing {len(configs)} candidates ({', '.join(configs)}) on {plan.draws} {plan.problem} draws of "
           f"{args.features}: Ks = {splits.num_known}, {len(splits.features['novel'])} unlabeled rows; "
           f"{todo} trainings to run, {len(configs) * plan.draws - todo} recorded in {out / RECORD_NAME}", flush=True)

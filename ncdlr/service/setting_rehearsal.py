@@ -200,6 +200,11 @@ def single_process(cfg: Config) -> Config:
 Progress = Callable[[int, str, dict, int, int], None]
 
 
+def pending(record: Record, plan: RehearsalPlan) -> list[tuple[int, str]]:
+    """The ``(draw, candidate)`` trainings of ``plan.draws`` draws that ``record`` does not hold yet, draw by draw."""
+    return [(d, name) for d in range(plan.draws) for name in record.scores if str(d) not in record.scores[name]]
+
+
 def run_rehearsal(configs: Mapping[str, Config], splits: FeatureSplits, plan: RehearsalPlan, record: Record,
                   path: Path | None = None, progress: Progress | None = None) -> Record:
     """Train every candidate of ``configs`` on draws ``0 … plan.draws − 1`` that ``record`` lacks, draw by draw,
@@ -208,7 +213,7 @@ def run_rehearsal(configs: Mapping[str, Config], splits: FeatureSplits, plan: Re
     Each training is one draw of :func:`ncdlr.service.rehearsal.rehearse` (the benchmark's rehearsal: draw ``d``
     is the problem of seed ``run.seed + d``, the same for every candidate since they share ``run.seed``), with
     the candidate's whole step's batch (:func:`single_process`)."""
-    todo = [(d, name) for d in range(plan.draws) for name in configs if str(d) not in record.scores[name]]
+    todo = pending(record, plan)
     for done, (draw, name) in enumerate(todo, 1):
         start, pool = time.perf_counter(), {}
         val = rehearse(single_process(configs[name]), splits, {name: _as_it_is}, draws=1,
