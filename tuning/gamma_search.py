@@ -22,6 +22,10 @@ Validation protocol (never looks at novel labels; ncdlr.service.validation):
   problem's sizes, long tail and number of clusters, which a few known classes posed alone do not; it is the
   rehearsal docs/tuning.md recommends for the cluster sizes (--reg-m 0 0.45).
 
+Each trial trains the real run's step: its whole batch (data.batch_size × run.num_workers) and its buffer are
+scaled by n'/n (the validation problem's novel rows over the table's, at most 1), as the in-process rehearsal
+scales them, so a trial's epoch has as many steps as a real one; that batch is split over --workers-per-trial.
+
 Search space:
   γ log-uniform over [--gamma-min, --gamma-max] (default 50..5000, the paper's scale), plus the
   uniform-prior limit γ = ∞ (labeler.prior = uniform, α = 1) as an explicit first candidate; α uniform over
@@ -66,13 +70,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python tuning/gamma_search.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ncdlr.data.features import ACTIVATIONS, read_metadata  # noqa: E402
+from ncdlr.data.features import ACTIVATIONS, read_metadata, read_split_counts  # noqa: E402
 from ncdlr.service.config import (Config, ConfigError, Setting, add_override_arguments, load_yaml,  # noqa: E402
                                   save_config)
 from ncdlr.service.entry import config_from_args, init_ray, run_main  # noqa: E402
 from ncdlr.service.tune import (ExperimentStorage, SearchSpace, TrialSettings, apply_trial_params,  # noqa: E402
                                 fit_search, make_tuner, new_trial_settings, restore_tuner, set_ray_env_defaults,
-                                trial_rows)
+                                trial_base, trial_rows)
 from ncdlr.service.validation import (ValidationConfig, ValidationSplit, build_validation_table,  # noqa: E402
                                       read_validation_split)
 
@@ -189,8 +193,10 @@ def max_concurrent(args: argparse.Namespace) -> int:
 
 
 def tune_search(args: argparse.Namespace, base: Config, split: ValidationSplit, storage: ExperimentStorage,
-                space: SearchSpace):
-    """Resume the stored search, or start one; ``(settings, Tune ResultGrid)`` when it returns."""
+                space: SearchSpace, source: str):
+    """Resume the stored search, or start one; ``(settings, Tune ResultGrid)`` when it returns. A new search's
+    trials take the real run's whole step batch and buffer scaled by n'/n (:func:`~ncdlr.service.tune.trial_base`;
+    n = the novel rows of ``source``, counted from its split column alone)."""
     if storage.can_restore():
         settings = TrialSettings.from_json(storage.read_text(SETTINGS))
         print(f"[{PROG}] resuming the experiment at {storage.uri} (its search space and settings are kept)",
@@ -200,6 +206,13 @@ def tune_search(args: argparse.Namespace, base: Config, split: ValidationSplit, 
         raise ConfigError(f"--resume given but there is no experiment to resume at {storage.uri}")
     trials = feature_mode(base, read_metadata(storage.child(TABLE)).get("kind") == ACTIVATIONS)
     trials.data.features = storage.child(TABLE)
+    real_rows = read_split_counts(source).get("novel", 0)
+    trials = trial_base(trials, split.split_counts["novel"], real_rows, args.workers_per_trial)
+    print(f"[{PROG}] each trial's step: {trials.data.batch_size} known + {trials.data.batch_size} novel rows on each "
+          f"of {trials.run.num_workers} worker(s), buffer {trials.labeler.buffer_size} rows: the run's "
+          f"{base.data.batch_size} × {max(1, base.run.num_workers)} worker(s) and buffer {base.labeler.buffer_size}, "
+          f"scaled by min(1, n'/n), n'/n = {split.split_counts['novel']}/{real_rows or split.split_counts['novel']} novel rows",
+          flush=True)
     settings = new_trial_settings(trials, storage, target_num_novel=split.target_num_novel,
                                   val_num_novel=split.num_clusters, gamma_transfer=args.gamma_transfer == "ku",
                                   workers=args.workers_per_trial, cpus_per_trial=args.cpus_per_trial,
@@ -415,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reduction-factor", metavar="R", type=float, default=2.0, help="ASHA reduction factor (2)")
     sp.add_argument("--search-seed", metavar="N", type=int, default=0, help="seed of the random search")
     res = parser.add_argument_group("resources and storage")
-    res.add_argument("--workers-per-trial", metavar="N", type=int, default=1, help="Ray Train workers per trial (1)")
+    res.add_argument("--workers-per-trial", metavar="N", type=int, default=1, help="Ray Train workers per trial (1); the run's whole step batch (data.batch_size × run.num_workers, "
+                          "scaled by n'/n as the buffer) is split over them")
     res.add_argument("--cpus-per-trial", metavar="C", type=float, default=1.0,
                      help="CPUs per trial, split over its workers (1)")
     res.add_argument("--gpus-per-trial", metavar="G", type=float, default=0.0,
@@ -455,7 +469,7 @@ def search(args: argparse.Namespace) -> int:
     started = init_ray(cpus_needed=args.cpus_per_trial + 1, verbose=base.run.verbose,
                        object_store_bytes=None if args.features else 256 * 1024**2)
     try:
-        settings, grid = tune_search(args, base, split, storage, space)
+        settings, grid = tune_search(args, base, split, storage, space, source)
         rows = rank_trials(trial_rows(grid, settings))
         unfinished = len(grid) - grid.num_terminated - grid.num_errors
     finally:

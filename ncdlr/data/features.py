@@ -307,6 +307,15 @@ def read_class_summary(uri: str, *, endpoint_url: str | None = None) -> tuple[in
     return num_known, num_classes - num_known, names, counts
 
 
+def read_split_counts(uri: str, *, endpoint_url: str | None = None) -> dict[str, int]:
+    """Rows per split of a feature table (``{"known": n_k, "novel": n_u, "test": n_t}``, splits it has), reading
+    only its ``split`` column: no label and no feature is read."""
+    fs, files, _ = _open(uri, endpoint_url)
+    table = with_retries(lambda: pads.dataset(files, filesystem=fs, format="parquet").to_table(columns=["split"]), uri)
+    counts = pc.value_counts(table.column("split").cast(pa.string())).to_pylist()
+    return {str(c["values"]): int(c["counts"]) for c in counts}
+
+
 def read_feature_table(uri: str, splits: Sequence[str] | None = None, *,
                        endpoint_url: str | None = None) -> FeatureSplits:
     """Load a feature table (local path, ``file://`` or ``s3://``; file or folder) into per-split tensors.

@@ -54,6 +54,7 @@ from ncdlr.data.storage import is_s3, join
 from ncdlr.method_settings import GAMMA_UNIFORM
 
 from .config import Config, ConfigError, from_dict, save_config
+from .rehearsal import scaled_config
 from .trainer import ray_storage
 from .validation import SCORING_SPLIT, ValidationSplit, planted_scores, validation_scores
 
@@ -130,6 +131,28 @@ def apply_trial_params(base: Config, gamma: float, alpha: float, reg_m: float | 
     if reg_m is not None:
         cfg.labeler.reg_m = float(reg_m)
     return cfg
+
+
+def trial_base(cfg: Config, novel_rows: int, real_novel_rows: int, workers: int) -> Config:
+    """The trials' base config: the real run's step, scaled to the validation problem as the in-process rehearsal
+    scales it (:func:`ncdlr.service.rehearsal.trial_config`), on ``workers`` trial workers.
+
+    ``data.batch_size`` is per worker, so the real run's whole step takes ``data.batch_size × run.num_workers``
+    rows per half (configs/openclipart.yaml: 32 × 2 = 64). That batch and ``labeler.buffer_size`` are scaled by
+    n'/n, the validation problem's ``novel_rows`` over the real table's ``real_novel_rows`` (at most 1; 1 when the
+    real table has no novel rows, and on the planted problem, whose pool holds every real novel row), so a trial's
+    epoch has as many steps as a real one and its buffer the same share of an epoch. The scaled batch is then
+    split over the ``workers`` trial workers (at least one row each): before this, a trial took the real run's
+    per-worker batch on ``--workers-per-trial`` (1) workers, half the real step for a two-worker config, unscaled."""
+    if workers < 1:
+        raise ConfigError(f"a trial needs at least one worker, got {workers}")
+    scale = min(1.0, novel_rows / real_novel_rows) if real_novel_rows > 0 else 1.0
+    whole = copy.deepcopy(cfg)
+    whole.data.batch_size *= max(1, cfg.run.num_workers)
+    out = scaled_config(whole, scale)
+    out.data.batch_size = max(1, round(out.data.batch_size / workers))
+    out.run.num_workers = workers
+    return out
 
 
 @dataclass

@@ -18,6 +18,7 @@ from ncdlr.data.features import (
     load_feature_table,
     read_feature_table,
     read_metadata,
+    read_split_counts,
     synthetic_features,
     write_feature_table,
 )
@@ -108,6 +109,15 @@ def test_reading_known_never_returns_novel_rows(tmp_path):
     assert table.labels["known"].tolist() == [0, 1] and (table.num_known, table.num_novel) == (2, 2)
     with pytest.raises(FeatureTableError):
         read_feature_table(path)
+
+
+def test_split_counts_read_the_split_column_alone(tmp_path):
+    embedding, label, split = _good_rows()
+    embedding[2], label[3] = [float("nan"), 0.0], -7  # a bad novel row and label: neither column is read
+    path = _write(tmp_path / "t.parquet", embedding, label, split, meta={"num_known": 2, "num_novel": 2})
+    assert read_split_counts(path) == {"known": 2, "novel": 3, "test": 1}
+    with pytest.raises(ObjectNotFoundError):
+        read_split_counts(str(tmp_path / "missing.parquet"))
 
 
 def test_labeled_rows_are_the_known_then_the_novel_rows(tmp_path):

@@ -217,6 +217,14 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
     assert _no_placement_group_left(), "a stopped trial's worker placement group was not released"
     fs, path = resolve(f"{s3_bucket}/tune/tiny/validation.parquet")
     assert fs.get_file_info(path).type == pafs.FileType.File
+    from ncdlr.service.tune import ExperimentStorage, TrialSettings
+
+    trials = TrialSettings.from_json(ExperimentStorage.open(f"{s3_bucket}/tune", "tiny").read_text(
+        "search_settings.json")).cfg  # the run's 8-row step and 64-row buffer scaled by n'/n, as the rehearsal does
+    share = search["validation"]["split_counts"]["novel"] / int((s == "novel").sum())
+    assert (trials.data.batch_size, trials.labeler.buffer_size) == (max(1, round(8 * share)),
+                                                                    max(trials.data.batch_size, round(64 * share)))
+    assert trials.data.batch_size < 8
 
     (out / "search.json").unlink()
     assert main(argv + ["--resume"]) == 0  # Tuner.restore of the finished experiment: same trials, no retraining

@@ -16,6 +16,7 @@ from ncdlr.service.tune import (
     TrialSettings,
     apply_trial_params,
     new_trial_settings,
+    trial_base,
     trial_gamma,
 )
 
@@ -69,6 +70,24 @@ def test_infinite_gamma_is_the_uniform_prior_and_the_base_is_left_alone():
     finite = apply_trial_params(base, 12.5, 0.5)
     assert (finite.labeler.prior, finite.labeler.gamma, finite.optim.alpha) == ("adaptive", 12.5, 0.5)
     assert base.to_dict() == Config().to_dict()
+
+
+def test_a_trial_takes_the_real_runs_whole_step_scaled_by_the_validation_problems_share_of_the_novel_rows():
+    run = Config()
+    run.data.batch_size, run.run.num_workers, run.labeler.buffer_size = 32, 2, 512  # configs/openclipart.yaml's step
+    one = trial_base(run, novel_rows=500, real_novel_rows=2000, workers=1)  # n'/n = 1/4
+    assert (one.data.batch_size, one.run.num_workers, one.labeler.buffer_size) == (16, 1, 128)
+    two = trial_base(run, novel_rows=500, real_novel_rows=2000, workers=2)  # the same 16-row step on two workers
+    assert (two.data.batch_size, two.run.num_workers, two.labeler.buffer_size) == (8, 2, 128)
+    planted = trial_base(run, novel_rows=2400, real_novel_rows=2000, workers=1)  # the pool holds every real row
+    assert (planted.data.batch_size, planted.labeler.buffer_size) == (64, 512)
+    no_novel = trial_base(run, novel_rows=500, real_novel_rows=0, workers=4)  # nothing to scale by
+    assert (no_novel.data.batch_size, no_novel.labeler.buffer_size) == (16, 512)
+    tiny = trial_base(run, novel_rows=1, real_novel_rows=2000, workers=2)
+    assert tiny.data.batch_size == 1 and tiny.labeler.buffer_size == 1  # one row per worker at least
+    assert (run.data.batch_size, run.run.num_workers, run.labeler.buffer_size) == (32, 2, 512)  # left alone
+    with pytest.raises(ConfigError, match="at least one worker"):
+        trial_base(run, novel_rows=500, real_novel_rows=2000, workers=0)
 
 
 def _settings(tmp_path: Path) -> TrialSettings:
