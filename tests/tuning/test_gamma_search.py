@@ -203,8 +203,8 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
     write_feature_table(table, x, y, s, num_known=10, num_novel=10)
     out = tmp_path / "search"
     argv = ["--features", table, "--output", str(out), "--storage", f"{s3_bucket}/tune", "--name", "tiny",
-            "--num-samples", "3", "--gamma-min", "1", "--gamma-max", "100", "--epochs", "3", "--batch-size", "8",
-            "--buffer-size", "64", "--warmup-epochs", "1", "--max-concurrent", "2"]
+            "--num-samples", "3", "--gamma-min", "1", "--gamma-max", "100", "--epochs", "3", "--batch-size", "32",
+            "--buffer-size", "256", "--warmup-epochs", "1", "--max-concurrent", "2"]
     assert main(argv) == 0
 
     search = json.loads((out / "search.json").read_text())
@@ -220,11 +220,11 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
     from ncdlr.service.tune import ExperimentStorage, TrialSettings
 
     trials = TrialSettings.from_json(ExperimentStorage.open(f"{s3_bucket}/tune", "tiny").read_text(
-        "search_settings.json")).cfg  # the run's 8-row step and 64-row buffer scaled by n'/n, as the rehearsal does
+        "search_settings.json")).cfg  # the run's 32-row step and 256-row buffer scaled by n'/n, as the rehearsal does
     share = search["validation"]["split_counts"]["novel"] / int((s == "novel").sum())
-    assert (trials.data.batch_size, trials.labeler.buffer_size) == (max(1, round(8 * share)),
-                                                                    max(trials.data.batch_size, round(64 * share)))
-    assert trials.data.batch_size < 8
+    assert (trials.data.batch_size, trials.labeler.buffer_size) == (max(1, round(32 * share)),
+                                                                    max(trials.data.batch_size, round(256 * share)))
+    assert trials.data.batch_size < 32
 
     (out / "search.json").unlink()
     assert main(argv + ["--resume"]) == 0  # Tuner.restore of the finished experiment: same trials, no retraining
