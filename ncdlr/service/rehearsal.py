@@ -69,6 +69,15 @@ def scaled_config(cfg: Config, scale: float) -> Config:
     return trial
 
 
+def single_process(cfg: Config) -> Config:
+    """``cfg`` as one process trains it: ``data.batch_size`` is per worker, so the in-process rehearsal takes the
+    whole step's batch, ``data.batch_size × run.num_workers`` (configs/openclipart.yaml: 32 × 2 = 64, the batch
+    of every benchmark cell), on one worker."""
+    out = copy.deepcopy(cfg)
+    out.data.batch_size, out.run.num_workers = cfg.data.batch_size * max(1, cfg.run.num_workers), 1
+    return out
+
+
 def trial_config(cfg: Config, splits: FeatureSplits, validation: FeatureSplits) -> Config:
     """``cfg`` scaled (:func:`scaled_config`) from the real problem ``splits`` to the validation problem
     ``validation``: by n'/n, its pseudo-novel rows over the real novel rows (at most 1)."""

@@ -26,7 +26,6 @@ for a config since session 27 is the higher mean, no margin (``margin_se`` 0).
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -39,7 +38,7 @@ import numpy as np
 from ncdlr.data.features import FeatureSplits
 
 from .config import Config, ConfigError, Setting, resolve
-from .rehearsal import choose_candidate, rehearse
+from .rehearsal import choose_candidate, rehearse, single_process
 
 #: the name of the candidate that is the base config itself (no edits): the one kept without evidence against it
 BASE = "config"
@@ -185,15 +184,6 @@ def save_record(path: Path, record: Record) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record.to_json(), indent=1))
     tmp.replace(path)
-
-
-def single_process(cfg: Config) -> Config:
-    """``cfg`` as one process trains it: ``data.batch_size`` is per worker, so the in-process rehearsal takes the
-    whole step's batch, ``data.batch_size × run.num_workers`` (configs/openclipart.yaml: 32 × 2 = 64, the batch
-    of every benchmark cell), on one worker."""
-    out = copy.deepcopy(cfg)
-    out.data.batch_size, out.run.num_workers = cfg.data.batch_size * max(1, cfg.run.num_workers), 1
-    return out
 
 
 #: called after each training: ``(draw, name, {"val", "pool", "seconds"}, trainings done, trainings to do)``

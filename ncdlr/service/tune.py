@@ -54,7 +54,7 @@ from ncdlr.data.storage import is_s3, join
 from ncdlr.method_settings import GAMMA_UNIFORM
 
 from .config import Config, ConfigError, from_dict, save_config
-from .rehearsal import scaled_config
+from .rehearsal import scaled_config, single_process
 from .trainer import ray_storage
 from .validation import SCORING_SPLIT, ValidationSplit, planted_scores, validation_scores
 
@@ -147,9 +147,7 @@ def trial_base(cfg: Config, novel_rows: int, real_novel_rows: int, workers: int)
     if workers < 1:
         raise ConfigError(f"a trial needs at least one worker, got {workers}")
     scale = min(1.0, novel_rows / real_novel_rows) if real_novel_rows > 0 else 1.0
-    whole = copy.deepcopy(cfg)
-    whole.data.batch_size *= max(1, cfg.run.num_workers)
-    out = scaled_config(whole, scale)
+    out = scaled_config(single_process(cfg), scale)
     out.data.batch_size = max(1, round(out.data.batch_size / workers))
     out.run.num_workers = workers
     return out
