@@ -81,6 +81,26 @@ def test_jpeg_option_and_build(openclipart_root: Path, tmp_path: Path) -> None:
     assert manifest.extra["skipped_images"]["count"] == 2
 
 
+def test_jpeg_quality_sets_the_quantisation_and_is_recorded(openclipart_root: Path) -> None:
+    """``--jpeg-quality`` (a copy small enough to carry to a GPU machine) reaches the encoder and the manifest."""
+    def plan_at(quality: int):
+        return openclipart.plan(config(openclipart_root, image_format="JPEG", jpeg_quality=quality), progress=False)
+
+    def luma_table(plan) -> float:
+        return float(np.mean(Image.open(io.BytesIO(plan.rows[0].image)).quantization[0]))
+
+    fine, coarse = plan_at(95), plan_at(30)
+    assert luma_table(coarse) > 5 * luma_table(fine)  # Pillow's quality scales the quantisation tables
+    assert coarse.info.extra["image_encoding"].startswith("JPEG quality 30;")
+    assert [r.source_id for r in coarse.rows] == [r.source_id for r in fine.rows]  # only the bytes change
+
+
+@pytest.mark.parametrize("quality", [0, 96])
+def test_jpeg_quality_out_of_range_is_an_error(openclipart_root: Path, quality: int) -> None:
+    with pytest.raises(ValueError, match="jpeg_quality must be in 1..95"):
+        openclipart.plan(config(openclipart_root, image_format="JPEG", jpeg_quality=quality), progress=False)
+
+
 def test_missing_root_names_the_package(tmp_path: Path) -> None:
     with pytest.raises(SourceFormatError, match="apt-get install openclipart-png"):
         openclipart.plan(config(tmp_path / "nope"), progress=False)

@@ -81,7 +81,8 @@ class OpenClipartConfig:
     min_images: int = 15  # classes with fewer images (after dedupe and skips) are dropped
     test_fraction: float = 0.2  # share of each class held out as test
     min_test: int = 3  # ...but at least this many
-    image_format: str = "PNG"  # "PNG" (lossless, default) or "JPEG" (quality 95, 4:4:4)
+    image_format: str = "PNG"  # "PNG" (lossless, default) or "JPEG" (4:4:4 chroma)
+    jpeg_quality: int = 95  # JPEG quality 1..95 (Pillow's scale); unused for PNG
     max_side: int = 512  # shrink so the longer side is at most this many pixels; 0 keeps the cropped size
     dedupe: bool = True  # drop byte-identical duplicates (see the module docstring)
     name: str = "openclipart"
@@ -151,6 +152,9 @@ def plan(config: OpenClipartConfig, *, progress: bool = True) -> Plan:
     """Scan, dedupe, re-encode, split: everything ``build`` writes, in memory (≈ 100 MB at full size)."""
     if config.image_format not in ("PNG", "JPEG"):
         raise ValueError(f"image_format must be 'PNG' or 'JPEG', got {config.image_format!r}")
+    if not 1 <= config.jpeg_quality <= 95:
+        raise ValueError(f"jpeg_quality must be in 1..95 (Pillow's scale; above 95 only grows files), "
+                         f"got {config.jpeg_quality}")
     root = Path(config.root)
     files, catch_all = scan(root)
     workers = min(8, os.cpu_count() or 1)
@@ -172,7 +176,7 @@ def plan(config: OpenClipartConfig, *, progress: bool = True) -> Plan:
                 image = clipart_to_rgb(data, max_side=config.max_side)
         except DECODE_ERRORS as exc:
             return f"{type(exc).__name__}: {exc}"
-        return encode(image, config.image_format)
+        return encode(image, config.image_format, jpeg_quality=config.jpeg_quality)
 
     by_class: dict[str, list[tuple[ClipartFile, bytes]]] = defaultdict(list)
     skipped: list[SkippedImage] = []
@@ -221,7 +225,9 @@ def plan(config: OpenClipartConfig, *, progress: bool = True) -> Plan:
             "dropped_catch_all": catch_all,
             "dropped_duplicates": dropped,
             "dropped_small_classes": small,
-            "image_encoding": f"{config.image_format}; cropped to content, flattened onto white"
+            "image_encoding": f"{config.image_format}"
+            + (f" quality {config.jpeg_quality}" if config.image_format == "JPEG" else "")
+            + "; cropped to content, flattened onto white"
             + (f", longer side <= {config.max_side}px" if config.max_side else ""),
             "skipped_images": skip_report(skipped),
         },

@@ -1,0 +1,61 @@
+"""``benchmarks/gpu_quality.py``: issue 14's GPU rows (image mode, ncdlr against UNO, seed by seed).
+
+The smoke run is a fake of the GPU measurement only in that it runs on the CPU at tiny sizes (CI has no GPU): the
+runs are the service's real ones (Ray Train, Ray Data from prepared JPEG shards, the buffer actor, the evaluation),
+built from the command line a user types; the numbers mean nothing, the keys and the pairing do.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_quality  # noqa: E402
+
+
+def test_uno_is_the_config_with_the_method_alone_changed(tmp_path: Path) -> None:
+    common = dict(epochs=10, batch_size=64, use_gpu=True, cpus_per_worker=4.0, extra=[])
+    ncdlr = gpu_quality.run_arguments("c.yaml", "d", "ncdlr", 2, output=tmp_path / "a", **common)
+    uno = gpu_quality.run_arguments("c.yaml", "d", "uno", 2, output=tmp_path / "a", **common)
+    assert uno == ncdlr + ["--method.name", "uno"]
+    pairs = dict(zip(ncdlr[::2], ncdlr[1::2]))
+    assert pairs["--run.seed"] == pairs["--model.prototype_seed"] == "2" and pairs["--run.num_workers"] == "1"
+    with pytest.raises(ValueError, match="method must be one of"):
+        gpu_quality.run_arguments("c.yaml", "d", "autonovel", 0, output=tmp_path, **common)
+
+
+def test_the_paired_gap_uses_only_seeds_both_methods_finished() -> None:
+    rows = [{"method": "ncdlr", "seed": s, "novel": v} for s, v in enumerate([30.0, 34.0, 29.0])]
+    rows += [{"method": "uno", "seed": s, "novel": v} for s, v in enumerate([25.0, 27.0])]  # seed 2 cut by the budget
+    gap = gpu_quality.paired_gap(rows)
+    assert gap == {"key": "novel", "gap": 6.0, "se": 1.0, "seeds": 2}  # differences 5 and 7: SE = std(ddof 1)/√2
+    assert gpu_quality.paired_gap(rows[:1] + rows[3:4]) is None  # one pair has no SE
+
+
+def test_no_gpu_without_smoke_is_refused() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_quality.py"), "--data", "x"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and "no CUDA device" in out.stderr
+
+
+@pytest.mark.slow
+def test_the_smoke_run_trains_both_methods_and_prints_their_rows(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_quality.py"), "--smoke", "--seeds", "1",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [(r["method"], r["seed"]) for r in lines] == [("ncdlr", 0), ("uno", 0)]
+    assert [json.loads(line) for line in (tmp_path / "gpu_quality.jsonl").read_text().splitlines()] == lines
+    for r in lines:
+        assert r["smoke"] is True and r["device"] == "cpu" and r["epochs"] == 1
+        assert all(0.0 <= r[k] <= 100.0 for k in gpu_quality.RESULT_KEYS)
+        assert r["steps_per_s"] > 0 and 0.0 <= r["data_share"] <= 1.0 and r["seconds"] > 0
+    assert "| ncdlr | [0] |" in out.stdout and "| uno | [0] |" in out.stdout
+    assert "trains with method.task_weight=0.0" in out.stderr  # UNO as published on the config (file_resets)
