@@ -134,8 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(88 MB vs 97 MB for jpeg quality 95); recommended png (default png)")
     p.add_argument("--jpeg-quality", type=int, default=95, metavar="Q",
                    help="JPEG quality 1..95 with --format jpeg (default 95). Lower makes a copy small enough to "
-                        "carry, e.g. to a GPU machine: at --max-side 160, quality 75 is about 15 MB in all "
-                        "against 35 MB at 95")
+                        "carry, e.g. to a GPU machine: at --max-side 160, quality 70 is 17 MB in all against "
+                        "35 MB at 95")
     p.add_argument("--max-side", type=int, default=512, metavar="PX",
                    help="shrink so the longer side is at most PX pixels (0 keeps the cropped size, up to 16000 "
                         "px for a few drawings). 512 leaves room for 224-px crops and keeps decoding cheap "
@@ -198,6 +198,9 @@ def _build_fashion_mnist(args: argparse.Namespace, **kw: object) -> Manifest:
 
 
 def _build_openclipart(args: argparse.Namespace, **kw: object) -> Manifest:
+    if args.format != "jpeg" and args.jpeg_quality != 95:
+        raise ValueError(f"--jpeg-quality {args.jpeg_quality} applies to --format jpeg only (this is --format "
+                         f"{args.format}); add --format jpeg or drop --jpeg-quality")
     config = openclipart.OpenClipartConfig(root=args.root, seed=args.seed, min_images=args.min_images,
                                            test_fraction=args.test_fraction, min_test=args.min_test,
                                            image_format=args.format.upper(), jpeg_quality=args.jpeg_quality,

@@ -65,3 +65,11 @@ def test_missing_required_option_is_a_usage_error(capsys: pytest.CaptureFixture[
         main(["prepare", "inat18", "--root", "x", "--out", "y"])
     assert exit_info.value.code == 2
     assert "--classes" in capsys.readouterr().err
+
+
+def test_jpeg_quality_without_jpeg_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A quality the PNG encoder would silently ignore is refused before anything is read or written."""
+    out = tmp_path / "o"
+    code = main(["prepare", "openclipart", "--root", str(tmp_path), "--jpeg-quality", "70", "--out", str(out)])
+    assert code != 0 and not out.exists()
+    assert "--jpeg-quality 70 applies to --format jpeg only" in capsys.readouterr().err
