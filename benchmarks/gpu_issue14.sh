@@ -9,11 +9,12 @@
 # The call (device tool): command "bash benchmarks/gpu_issue14.sh", carry [".gpu", ".gpu-data"], timeout_s 540.
 # What comes back under $OUT: card.txt, gpu_quality.jsonl (one line per run), gpu_quality.txt (the lines and the
 # table), gpu_quality.err (the runs' progress and warnings, last 300 lines).
-# The cached regime on the same data, on CPU afterwards (docs/results.md says where the rows go):
+# The cached regime on the same data, on CPU afterwards (both sets of rows: docs/activation-cache.md, last section):
 #   .venv/bin/ncdlr embed --data .gpu-data/oc160 --encoder efficientnet_lite0 --image-size 160 --trainable-blocks 1 \
 #       --views 8 --actors 2 --threads 1 --batch-size 32 --out /work/cache/oc160-lite0-160-b1-v8
-#   .venv/bin/python benchmarks/quality.py --datasets openclipart-cached --table openclipart-cached=/work/cache/oc160-lite0-160-b1-v8 \
-#       --variants ncdlr-uniform-relax-task-cb uno --seeds 3 --holdout-view --results /work/cache/quality-oc160
+#   .venv/bin/python benchmarks/quality.py --datasets openclipart-cached \
+#       --table openclipart-cached=/work/cache/oc160-lite0-160-b1-v8 --variants ncdlr-uniform-relax-task-cb uno \
+#       --seeds 3 --holdout-view --results /work/cache/quality-oc160
 source .gpu/setup.sh || exit 1
 export AWS_EC2_METADATA_DISABLED=true RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"

@@ -118,7 +118,8 @@ def summary_table(records: list[dict]) -> str:
     for key in ("novel", "known"):
         gap = paired_gap(records, key=key)
         if gap:
-            lines.append(f"\nncdlr − uno, {key}: {gap['gap']:+.1f} (SE {gap['se']:.1f}) over {gap['seeds']} paired seeds")
+            lines.append(f"\nncdlr − uno, {key}: {gap['gap']:+.1f} (SE {gap['se']:.1f}) "
+                         f"over {gap['seeds']} paired seeds")
     return "\n".join(lines)
 
 
@@ -152,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="folder for gpu_quality.jsonl (e.g. $OUT)")
     parser.add_argument("--smoke", action="store_true", help="tiny synthetic images on CPU, one epoch: the wiring")
     args = parser.parse_args(argv)
-    extra: list[str] = []
 
     import torch
 
@@ -161,38 +161,39 @@ def main(argv: list[str] | None = None) -> int:
     use_gpu = torch.cuda.is_available() and not args.smoke
     if not use_gpu and not args.smoke:
         parser.error("no CUDA device: run on a GPU machine, or pass --smoke")
-    device = torch.cuda.get_device_name(0) if use_gpu else "cpu"
-    work = Path(tempfile.mkdtemp(prefix="gpu-quality-"))
-    data, epochs, batch, cpus = args.data, args.epochs, args.batch_size, args.cpus_per_worker
-    if args.smoke:
-        data, epochs, batch, cpus = smoke_dataset(work), 1, 8, 1.0
-        extra = [*extra, "--data.image_size", "64", "--labeler.buffer_size", "32"]
-    if not data:
+    if not args.data and not args.smoke:
         parser.error("--data is required (or --smoke)")
-    print(f"gpu_quality: {device}; {args.config} on {data}; {args.seeds} seeds × {args.methods}; {epochs} epochs, "
-          f"B = {batch} + {batch}; budget {args.budget_s:.0f} s", file=sys.stderr, flush=True)
-    init_ray(cpus_needed=cpus + 2)
-    start, records, pair_s = time.perf_counter(), [], 0.0
-    sink = (args.out / "gpu_quality.jsonl").open("w") if args.out else None
-    for seed in range(args.seeds):
-        left = args.budget_s - (time.perf_counter() - start)
-        if seed and left < pair_s:
-            print(f"gpu_quality: stopped before seed {seed}: {left:.0f} s left, a pair took {pair_s:.0f} s",
-                  file=sys.stderr, flush=True)
-            break
-        pair_start = time.perf_counter()
-        for method in args.methods:
-            argv_run = run_arguments(args.config, data, method, seed, epochs=epochs, batch_size=batch, use_gpu=use_gpu,
-                                     cpus_per_worker=cpus, output=work / f"{method}-s{seed}", extra=extra)
-            record = run_record(method, seed, train_one(argv_run), device, epochs)
-            record["smoke"] = args.smoke
-            records.append(record)
-            line = json.dumps(record)
-            print(line, flush=True)
-            if sink:
-                sink.write(line + "\n")
-                sink.flush()
-        pair_s = time.perf_counter() - pair_start
+    device = torch.cuda.get_device_name(0) if use_gpu else "cpu"
+    # the runs' folders are removed at the end; the rows go to stdout and --out
+    with tempfile.TemporaryDirectory(prefix="gpu-quality-", ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
+        data, epochs, batch, cpus, extra = args.data, args.epochs, args.batch_size, args.cpus_per_worker, []
+        if args.smoke:
+            data, epochs, batch, cpus = smoke_dataset(work), 1, 8, 1.0
+            extra = ["--data.image_size", "64", "--labeler.buffer_size", "32"]
+        print(f"gpu_quality: {device}; {args.config} on {data}; {args.seeds} seeds × {args.methods}; {epochs} "
+              f"epochs, B = {batch} + {batch}; budget {args.budget_s:.0f} s", file=sys.stderr, flush=True)
+        init_ray(cpus_needed=cpus + 2)
+        start, records, pair_s = time.perf_counter(), [], 0.0
+        sink = (args.out / "gpu_quality.jsonl").open("w") if args.out else None
+        for seed in range(args.seeds):
+            left = args.budget_s - (time.perf_counter() - start)
+            if seed and left < pair_s:
+                print(f"gpu_quality: stopped before seed {seed}: {left:.0f} s left, a pair took {pair_s:.0f} s",
+                      file=sys.stderr, flush=True)
+                break
+            pair_start = time.perf_counter()
+            for method in args.methods:
+                argv_run = run_arguments(args.config, data, method, seed, epochs=epochs, batch_size=batch,
+                                         use_gpu=use_gpu, cpus_per_worker=cpus, output=work / f"{method}-s{seed}",
+                                         extra=extra)
+                record = {**run_record(method, seed, train_one(argv_run), device, epochs), "smoke": args.smoke}
+                records.append(record)
+                print(json.dumps(record), flush=True)
+                if sink:
+                    sink.write(json.dumps(record) + "\n")
+                    sink.flush()
+            pair_s = time.perf_counter() - pair_start
     print(summary_table(records), flush=True)
     return 0
 
