@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -86,8 +87,8 @@ def run_record(method: str, seed: int, result: dict, device: str, epochs: int) -
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    """Mean and std over the seeds (ddof 0, as docs/results.md's tables)."""
+    return statistics.fmean(values), statistics.pstdev(values)
 
 
 def paired_gap(records: list[dict], a: str = "ncdlr", b: str = "uno", key: str = "novel") -> dict | None:
@@ -96,9 +97,8 @@ def paired_gap(records: list[dict], a: str = "ncdlr", b: str = "uno", key: str =
     diffs = [by[(a, s)] - by[(b, s)] for (m, s) in sorted(by) if m == a and (b, s) in by]
     if len(diffs) < 2:
         return None
-    mean = sum(diffs) / len(diffs)
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
-    return {"key": key, "gap": round(mean, 2), "se": round(se, 2), "seeds": len(diffs)}
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"key": key, "gap": round(statistics.fmean(diffs), 2), "se": round(se, 2), "seeds": len(diffs)}
 
 
 def summary_table(records: list[dict]) -> str:
