@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from ncdlr.data.features import write_feature_table
+from ncdlr.models.batching import fixed_passes
+from ncdlr.models.batching import pass_rows as default_pass_rows
 
 from .config import ConfigError
 
@@ -25,11 +27,12 @@ log = logging.getLogger(__name__)
 class _EncoderActor:
     """Ray Data ``map_batches`` callable: one frozen encoder per actor, ``image [n,3,H,W]`` → ``embedding [n,D]``."""
 
-    def __init__(self, encoder_name: str, pretrained: str, image_size: int, threads: int):
+    def __init__(self, encoder_name: str, pretrained: str, image_size: int, threads: int, rows: int):
         from ncdlr.models import build_encoder
 
         torch.set_num_threads(threads)
         self.encoder = build_encoder(encoder_name, pretrained=pretrained, trainable_blocks=0, image_size=image_size).eval()
+        self.rows = rows
 
     def __call__(self, batch: dict) -> dict:
         valid = np.asarray(batch["valid"], dtype=bool)
@@ -37,20 +40,23 @@ class _EncoderActor:
         emb = np.zeros((len(valid), self.encoder.feature_dim), dtype=np.float32)
         if valid.any():
             with torch.inference_mode():
-                emb[valid] = self.encoder(images[torch.as_tensor(valid)]).float().numpy()
+                emb[valid] = fixed_passes(self.encoder, images[torch.as_tensor(valid)], self.rows).float().numpy()
         return {"embedding": emb, "label": batch["label"], "split": batch["split"],
                 "source_id": batch["source_id"], "valid": valid}
 
 
 def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str = "", image_size: int = 224,
                   batch_size: int = 64, num_actors: int = 1, threads_per_actor: int = 1,
-                  splits: tuple[str, ...] = ("known", "novel", "val", "test"), endpoint_url: str | None = None) -> dict:
+                  splits: tuple[str, ...] = ("known", "novel", "val", "test"), endpoint_url: str | None = None,
+                  pass_rows: int = 0) -> dict:
     """Embed the given splits of a prepared dataset with a frozen encoder and write a feature table.
 
     Ray Data streams the shards, decodes with the eval transform (resize + centre crop, the encoder's
-    input scaling) and runs ``map_batches`` on a pool of ``num_actors`` model actors. Returns
-    ``{"rows", "bad_images", "seconds", "images_per_s"}``; undecodable images are left out of the table,
-    counted and logged by ``source_id``.
+    input scaling) and runs ``map_batches`` on a pool of ``num_actors`` model actors; each actor runs the
+    encoder in passes of exactly ``pass_rows`` images (0: :func:`ncdlr.models.batching.pass_rows` of
+    ``image_size``), and the rows are written in ``(split, source_id)`` order, so the table does not depend on
+    how Ray Data batched or ordered the rows. Returns ``{"rows", "bad_images", "seconds", "images_per_s",
+    "pass_rows"}``; undecodable images are left out of the table, counted and logged by ``source_id``.
     """
     from ray.data import ActorPoolStrategy
 
@@ -58,6 +64,7 @@ def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str 
     from ncdlr.data.manifest import read_manifest
     from ncdlr.models import input_scaling
 
+    rows_per_pass = _rows_per_pass(pass_rows, image_size)
     manifest = read_manifest(data_uri, endpoint_url)
     present = [s for s in splits if manifest.split_counts.get(s, 0) > 0]
     pipe = pipeline.PipelineConfig(image_size=image_size, scaling=input_scaling(encoder), batch_size=batch_size)
@@ -67,7 +74,7 @@ def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str 
     bad: list[str] = []
     for name in present:
         ds = pipeline.with_eval_view(raw[name], pipe).map_batches(
-            _EncoderActor, fn_constructor_args=(encoder, pretrained, image_size, threads_per_actor),
+            _EncoderActor, fn_constructor_args=(encoder, pretrained, image_size, threads_per_actor, rows_per_pass),
             batch_size=batch_size, compute=ActorPoolStrategy(size=num_actors), batch_format="numpy",
             num_cpus=threads_per_actor)
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
@@ -79,14 +86,25 @@ def embed_dataset(data_uri: str, out_uri: str, *, encoder: str, pretrained: str 
     for source_id in bad:
         log.warning("embed: undecodable image %s left out", source_id)
     emb = np.concatenate(columns["embedding"]) if columns["embedding"] else np.zeros((0, 1), np.float32)
-    write_feature_table(out_uri, emb, np.asarray(columns["label"]), columns["split"],
+    ids = [str(s) for s in columns["source_id"]]
+    order = np.lexsort((np.asarray(ids, dtype=str), np.asarray(columns["split"], dtype=str))) if ids else np.arange(0)
+    write_feature_table(out_uri, emb[order], np.asarray(columns["label"])[order], [columns["split"][i] for i in order],
                         num_known=manifest.num_known, num_novel=manifest.num_novel, class_names=manifest.class_names,
-                        source_ids=[str(s) for s in columns["source_id"]],
+                        source_ids=[ids[i] for i in order],
                         extra={"encoder": encoder, "pretrained": pretrained, "image_size": image_size,
-                               "dataset": data_uri})
+                               "dataset": data_uri, "pass_rows": rows_per_pass, "threads": threads_per_actor})
     seconds = time.perf_counter() - start
     total = len(emb) + len(bad)
-    return {"rows": len(emb), "bad_images": len(bad), "seconds": seconds, "images_per_s": total / max(seconds, 1e-9)}
+    return {"rows": len(emb), "bad_images": len(bad), "seconds": seconds, "images_per_s": total / max(seconds, 1e-9),
+            "pass_rows": rows_per_pass}
+
+
+def _rows_per_pass(pass_rows: int, image_size: int) -> int:
+    """``pass_rows`` as given (>= 1), or the default for ``image_size`` when 0; negative values are refused."""
+    if pass_rows < 0:
+        raise ConfigError(f"--pass-rows {pass_rows}: give the images per frozen pass (>= 1), or 0 for the default "
+                          f"({default_pass_rows(image_size)} at {image_size} px)")
+    return pass_rows or default_pass_rows(image_size)
 
 
 # ---- the activation cache (ncdlr embed --trainable-blocks B --views A) ----------------------------------------
@@ -99,14 +117,13 @@ class _StemActor:
     blocks). ``views`` uint8 ``[n, V, 3, H, W]`` (or ``image`` float32 ``[n, 3, H, W]``) → ``activation``
     float16 ``[n, V, *shape]``; undecodable rows stay zeros with ``valid=False``."""
 
-    def __init__(self, encoder_name: str, pretrained: str, image_size: int, blocks: int, threads: int,
-                 chunk: int = 64):
+    def __init__(self, encoder_name: str, pretrained: str, image_size: int, blocks: int, threads: int, rows: int):
         from ncdlr.models import build_encoder
 
         torch.set_num_threads(threads)
         self.encoder = build_encoder(encoder_name, pretrained=pretrained, trainable_blocks=0, image_size=image_size,
                                      cached_blocks=blocks).eval()
-        self.blocks, self.chunk = blocks, chunk
+        self.blocks, self.rows = blocks, rows
 
     def __call__(self, batch: dict) -> dict:
         from ncdlr.data.transforms import batch_scaling, normalise_chw_torch
@@ -120,12 +137,14 @@ class _StemActor:
         else:
             images = torch.as_tensor(np.ascontiguousarray(batch["image"], dtype=np.float32))
             n, v, scaling = images.shape[0], 1, None
-        outs = []
+
+        def stem(part: torch.Tensor) -> torch.Tensor:  # uint8 views are scaled pass by pass (float32 only per pass)
+            x = normalise_chw_torch(part, scaling) if scaling is not None else part
+            return self.encoder.stem(x, self.blocks).to(torch.float16)
+
         with torch.inference_mode():
-            for part in images.split(self.chunk):
-                x = normalise_chw_torch(part, scaling) if scaling is not None else part
-                outs.append(self.encoder.stem(x, self.blocks).to(torch.float16))
-        act = torch.cat(outs).reshape(n, v, *outs[0].shape[1:]).numpy()
+            out = fixed_passes(stem, images, self.rows)
+        act = out.reshape(n, v, *out.shape[1:]).numpy()
         act[~valid] = 0
         return {"activation": act, "label": batch["label"], "split": batch["split"],
                 "source_id": batch["source_id"], "valid": valid}
@@ -163,17 +182,20 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
                       blocks: int = 1, views: int = 8, crop_scale: tuple[float, float] = (0.5, 1.0), seed: int = 0,
                       batch_size: int = 32, num_actors: int = 1, threads_per_actor: int = 1,
                       splits: tuple[str, ...] = ("known", "novel", "val", "test"), rows_per_part: int = 512,
-                      endpoint_url: str | None = None, progress: bool = True) -> dict:
+                      endpoint_url: str | None = None, progress: bool = True, pass_rows: int = 0) -> dict:
     """Cache the frozen part of ``encoder`` for a prepared dataset: an activation table under the folder ``out_uri``.
 
     ``known``/``novel`` rows get ``views`` random training crops each (RandomResizedCrop with ``crop_scale``
     and a flip, drawn from ``(seed, source_id)``), the other splits one centre view; each crop goes through
     everything before the encoder's last ``blocks`` blocks and is stored as float16 (``ncdlr.data.features``,
-    "Activation tables"). Ray Data streams and decodes the shards; ``num_actors`` model actors run the stem.
+    "Activation tables"). Ray Data streams and decodes the shards; ``num_actors`` model actors run the stem in
+    passes of exactly ``pass_rows`` crops (0: :func:`ncdlr.models.batching.pass_rows` of ``image_size``), so a
+    crop's activation does not depend on how Ray Data batched the rows (the table records ``pass_rows`` and the
+    threads per actor, the two settings besides the machine that still change the float rounding).
     Parts of about ``rows_per_part`` rows are written as they fill, so an interrupted call resumes: rows whose
     ``source_id`` is already in the folder are skipped (same settings required). Undecodable images are left
     out, counted and logged. Returns ``{"rows", "skipped", "bad_images", "seconds", "images_per_s",
-    "bytes_per_view", "shape"}``.
+    "bytes_per_view", "shape", "pass_rows"}``.
     """
     import uuid
 
@@ -190,11 +212,13 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
                           "cache at least 2")
     manifest = read_manifest(data_uri, endpoint_url)
     present = [s for s in splits if manifest.split_counts.get(s, 0) > 0]
+    rows_per_pass = _rows_per_pass(pass_rows, image_size)
     shape = activation_shape(encoder, pretrained, image_size, blocks)
     meta = {"num_known": manifest.num_known, "num_novel": manifest.num_novel, "encoder": encoder,
             "pretrained": pretrained, "image_size": image_size, "cached_blocks": blocks, "shape": shape,
             "views": {s: views if s in TRAIN_VIEW_SPLITS else 1 for s in present},
-            "crop_scale": list(crop_scale), "seed": seed, "dataset": data_uri}
+            "crop_scale": list(crop_scale), "seed": seed, "dataset": data_uri, "pass_rows": rows_per_pass,
+            "threads": threads_per_actor}
     done = _check_resumable(out_uri, meta, endpoint_url)
     done_ids = np.array(sorted(done), dtype=object)
     pipe = pipeline.PipelineConfig(image_size=image_size, crop_scale=tuple(crop_scale), scaling=input_scaling(encoder),
@@ -223,7 +247,7 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
         decoded = (pipeline.with_cached_views(ds, pipe, views, seed) if name in TRAIN_VIEW_SPLITS
                    else pipeline.with_eval_view(ds, pipe))
         stems = decoded.map_batches(_StemActor, fn_constructor_args=(encoder, pretrained, image_size, blocks,
-                                                                     threads_per_actor),
+                                                                     threads_per_actor, rows_per_pass),
                                     batch_size=batch_size, compute=ActorPoolStrategy(size=num_actors),
                                     batch_format="numpy", num_cpus=threads_per_actor)
         for batch in stems.iter_batches(batch_size=None, batch_format="numpy"):
@@ -244,4 +268,4 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
     seconds = time.perf_counter() - start
     return {"rows": rows, "skipped": len(done), "bad_images": len(bad), "seconds": seconds,
             "images_per_s": (rows + len(bad)) / max(seconds, 1e-9), "bytes_per_view": 2 * int(np.prod(shape)),
-            "shape": shape}
+            "shape": shape, "pass_rows": rows_per_pass}

@@ -235,6 +235,29 @@ def test_embed_caches_views_and_resumes_to_the_same_table(ray_local, prepared, t
 
 
 @pytest.mark.slow
+def test_embed_gives_the_same_bits_whatever_the_batching_and_the_actors(ray_local, prepared, tmp_path):
+    """A real efficientnet_lite0 stem (32 px): batches of 8 rows on one actor, or of 5 rows on two actors (other
+    block boundaries, rows in another order), write the same table to the bit; the table records the pass size."""
+    from ncdlr.data.features import read_metadata
+    from ncdlr.service.embed import embed_activations
+
+    data, rows = prepared
+    kwargs = dict(encoder="efficientnet_lite0", image_size=32, blocks=1, views=3, rows_per_part=10, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # timm without weights warns (by design)
+        first = embed_activations(data, str(tmp_path / "a"), batch_size=8, num_actors=1, **kwargs)
+        second = embed_activations(data, str(tmp_path / "b"), batch_size=5, num_actors=2, **kwargs)
+    assert first["rows"] == second["rows"] == rows and first["pass_rows"] == 64
+    a, b = read_feature_table(str(tmp_path / "a")), read_feature_table(str(tmp_path / "b"))
+    for split in a.features:
+        assert torch.equal(a.features[split], b.features[split]), split
+        assert a.source_ids[split] == b.source_ids[split]
+    assert read_metadata(str(tmp_path / "a"))["pass_rows"] == 64
+    with pytest.raises(ValueError, match="pass-rows -1"):
+        embed_activations(data, str(tmp_path / "c"), pass_rows=-1, **kwargs)
+
+
+@pytest.mark.slow
 def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tmp_path):
     """``ncdlr train --features CACHE`` (Ray Train, one CPU worker): the table's encoder and blocks, a finished run.
     It trains two heads (``model.heads``; one run covers both paths, the suite's time being short): the buffer actor
