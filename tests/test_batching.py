@@ -57,3 +57,35 @@ def test_an_image_gets_the_same_stem_bits_whichever_batch_it_arrives_in():
     assert torch.equal(whole, split)
     print("plain passes: share of float16 values that differ by batch:",
           (plain != plain_whole).float().mean().item())
+
+
+@pytest.mark.parametrize("trainable", [1, 2, 0, -1])
+def test_an_encoder_on_cpu_runs_its_frozen_part_in_fixed_passes_as_the_same_function(trainable):
+    """``Encoder.forward`` on CPU inputs: the frozen part in passes of ``frozen_pass_rows`` images without autograd,
+    the trained blocks on the whole batch (in train mode, so their BatchNorm sees the batch). Against one plain
+    pass (``frozen_pass_rows = 0``): the same features and the same gradients of the trained parameters to float
+    tolerance; nothing frozen gets a gradient; with every block trained (-1) the passes are not used."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc = build_encoder("efficientnet_lite0", trainable_blocks=trainable, image_size=64).train()
+    assert enc.frozen_pass_rows == 32 and enc.trainable_blocks == trainable
+    x = torch.rand(40, 3, 64, 64, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    grads, feats = [], []
+    for rows in (7, 0):
+        enc.frozen_pass_rows = rows
+        enc.zero_grad(set_to_none=True)
+        torch.manual_seed(0)  # the trained blocks drop connections at random in train mode: the same draws
+        out = enc(x)
+        feats.append(out.detach())
+        if trainable == 0:
+            assert not out.requires_grad
+            continue
+        out.square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None})
+        assert all(p.grad is None for p in enc.parameters() if not p.requires_grad)
+    torch.testing.assert_close(feats[0], feats[1], rtol=1e-4, atol=1e-4)
+    if grads:
+        assert grads[0].keys() == grads[1].keys() and grads[0]
+        for name, g in grads[0].items():  # to the gradient's norm (the loss sums 40 x 1280 squares; another kernel's
+            # rounding passes through train-mode BatchNorm, and a bias before a BatchNorm has a gradient of ~0)
+            assert (g - grads[1][name]).norm() <= 1e-3 * grads[1][name].norm() + 1e-3, name

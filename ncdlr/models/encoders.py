@@ -18,6 +18,12 @@ the first of them (CNN ``[N, C, h, w]``, ViT tokens ``[N, T, D]``); ``build_enco
 builds an encoder whose ``forward`` takes those activations and runs only the last ``B`` blocks and what
 follows them, so ``tail(stem(x)) == forward(x)`` (tested). Supported: ``tiny_cnn``, ``efficientnet_lite0``
 and timm ViTs (``VisionTransformer``: ``patch_embed`` / ``blocks`` / ``norm`` / ``forward_head``).
+
+**Frozen passes on a CPU**: on CPU inputs ``forward`` runs the frozen part (the stem, or the whole encoder when
+nothing trains) without autograd in passes of exactly ``frozen_pass_rows`` images (default
+:func:`ncdlr.models.batching.pass_rows` of the image size; 0 = one pass), then the trainable blocks on the whole
+batch, so BatchNorm in a trained block still sees the batch. The same function, the bits of an image independent of
+its batch, and a faster step (docs/benchmarks.md); GPU inputs take one pass as before.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .batching import fixed_passes, pass_rows
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,8 @@ class Encoder(nn.Module):
         self._forward_fn = forward_fn
         self._split = split
         self.cached_blocks = 0  # > 0: forward takes the activations at the input of the last cached_blocks blocks
+        self.trainable_blocks = -1  # set by freeze_all_but_last: the last N blocks train (-1: all, 0: none)
+        self.frozen_pass_rows = 0  # > 0: on a CPU the frozen part runs in passes of exactly this many images
 
     @property
     def num_blocks(self) -> int:
@@ -92,6 +102,20 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cached_blocks:
             return self._split.tail(self.backbone, x, self.num_blocks - self.cached_blocks)
+        rows, blocks = self.frozen_pass_rows, self.trainable_blocks
+        splits = blocks == 0 or (self._split is not None and 1 <= blocks <= self.num_blocks)
+        if rows and splits and x.device.type == "cpu":
+            # on a CPU the frozen part runs in fixed small passes (ncdlr.models.batching): the same bits for an
+            # image whatever batch it is in, and faster (the caches); on a GPU one large pass is the fast one
+            with torch.no_grad():
+                if blocks == 0:
+                    return fixed_passes(self._whole, x, rows)
+                act = fixed_passes(lambda part: self.stem(part, blocks), x, rows)
+            return self._split.tail(self.backbone, act, self.num_blocks - blocks)
+        return self._whole(x)
+
+    def _whole(self, x: torch.Tensor) -> torch.Tensor:
+        """The backbone's own forward: images ``[N, 3, H, W]`` → features ``[N, feature_dim]``."""
         if self._forward_fn is not None:
             return self._forward_fn(self.backbone, x)
         return self.backbone(x)
@@ -104,6 +128,7 @@ class Encoder(nn.Module):
         the backbone's parameter order.
         """
         params = list(self.backbone.named_parameters())
+        self.trainable_blocks = int(trainable_blocks)
         if trainable_blocks < 0:
             for _, p in params:
                 p.requires_grad_(True)
@@ -357,6 +382,7 @@ def _build(name: str, pretrained: str, trainable_blocks: int, image_size: int, f
     else:
         encoder = _timm(name, pretrained)
     encoder.freeze_all_but_last(trainable_blocks)
+    encoder.frozen_pass_rows = pass_rows(image_size)
     if cached_blocks:
         if trainable_blocks < 0 or trainable_blocks > cached_blocks:
             raise ValueError(f"trainable_blocks={trainable_blocks} but the cached activations enter the last "
