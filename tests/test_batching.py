@@ -89,3 +89,27 @@ def test_an_encoder_on_cpu_runs_its_frozen_part_in_fixed_passes_as_the_same_func
         for name, g in grads[0].items():  # to the gradient's norm (the loss sums 40 x 1280 squares; another kernel's
             # rounding passes through train-mode BatchNorm, and a bias before a BatchNorm has a gradient of ~0)
             assert (g - grads[1][name]).norm() <= 1e-3 * grads[1][name].norm() + 1e-3, name
+
+
+def test_bench_embed_times_both_sides_and_the_baseline_is_the_old_plain_passes(capsys):
+    """``benchmarks/bench_embed.py`` at tiny sizes: one JSON line with both batch kinds and their ratios, and its
+    baseline computes the same activations as the shipped actor up to the kernels' rounding."""
+    import json
+
+    import numpy as np
+
+    from tests.fixtures.benchmarks import load_benchmark
+
+    bench = load_benchmark("bench_embed")
+    assert bench.main(["--size", "32", "--batch", "3", "--views", "2", "--reps", "1"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["pass_rows"] == 64 and report["baseline_rows"] == 64
+    assert report["train_ratio"] > 0 and report["eval_fixed_images_per_s"] > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        actor = bench._StemActor("efficientnet_lite0", "", 32, 1, 1, 4)
+    batch = {"valid": np.ones(5, bool), "label": np.zeros(5, np.int64), "split": np.array(["novel"] * 5),
+             "source_id": np.array(list("abcde")),
+             "image": np.random.default_rng(0).standard_normal((5, 3, 32, 32)).astype(np.float32)}
+    np.testing.assert_allclose(bench.baseline(actor, batch).astype(np.float32),
+                               actor(batch)["activation"].astype(np.float32), rtol=1e-2, atol=1e-2)
