@@ -33,22 +33,30 @@ def _encoder(name: str, blocks: int, size: int, cached: int = 0):
 @pytest.mark.parametrize("name,size,blocks", [("tiny_cnn", 32, 1), ("tiny_cnn", 32, 2), ("efficientnet_lite0", 64, 1),
                                               ("efficientnet_lite0", 64, 3), ("vit_tiny_patch16_224", 224, 1)])
 def test_tail_of_stem_equals_the_whole_encoder(name, size, blocks):
-    """``tail(stem(x)) == forward(x)`` in eval and in train mode (the frozen part drops nothing in train mode)."""
+    """``tail(stem(x)) == forward(x)`` in eval and in train mode (the frozen part drops nothing in train mode), with
+    the stem run as ``ncdlr embed`` runs it (passes of ``pass_rows(size)`` images, which ``forward`` on a CPU uses
+    too) and, with ``frozen_pass_rows = 0``, in one plain pass on both sides."""
+    from ncdlr.models.batching import fixed_passes, pass_rows
+
     torch.manual_seed(0)
     whole = _encoder(name, blocks, size)
     cached = _encoder(name, blocks, size, cached=blocks)
     cached.load_state_dict(whole.state_dict())
     x = torch.randn(3, 3, size, size)
-    for mode in (False, True):
-        whole.train(mode)
-        cached.train(mode)
-        with torch.no_grad():
-            activations = whole.stem(x, blocks)
-            torch.manual_seed(1)
-            expected = whole(x)
-            torch.manual_seed(1)
-            got = cached(activations)
-        assert torch.equal(got, expected), (name, blocks, mode)
+    assert whole.frozen_pass_rows == pass_rows(size)
+    for rows in (pass_rows(size), 0):
+        whole.frozen_pass_rows = rows
+        for mode in (False, True):
+            whole.train(mode)
+            cached.train(mode)
+            with torch.no_grad():
+                activations = (fixed_passes(lambda part: whole.stem(part, blocks), x, rows) if rows
+                               else whole.stem(x, blocks))
+                torch.manual_seed(1)
+                expected = whole(x)
+                torch.manual_seed(1)
+                got = cached(activations)
+            assert torch.equal(got, expected), (name, blocks, mode, rows)
 
 
 def test_an_encoder_without_a_split_and_a_block_count_out_of_range_are_refused():
