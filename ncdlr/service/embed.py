@@ -32,7 +32,7 @@ class _EncoderActor:
 
         torch.set_num_threads(threads)
         self.encoder = build_encoder(encoder_name, pretrained=pretrained, trainable_blocks=0, image_size=image_size).eval()
-        self.rows = rows
+        self.encoder.frozen_pass_rows = rows  # nothing trains: forward runs the whole encoder in passes of `rows`
 
     def __call__(self, batch: dict) -> dict:
         valid = np.asarray(batch["valid"], dtype=bool)
@@ -40,7 +40,7 @@ class _EncoderActor:
         emb = np.zeros((len(valid), self.encoder.feature_dim), dtype=np.float32)
         if valid.any():
             with torch.inference_mode():
-                emb[valid] = fixed_passes(self.encoder, images[torch.as_tensor(valid)], self.rows).float().numpy()
+                emb[valid] = self.encoder(images[torch.as_tensor(valid)]).float().numpy()
         return {"embedding": emb, "label": batch["label"], "split": batch["split"],
                 "source_id": batch["source_id"], "valid": valid}
 
