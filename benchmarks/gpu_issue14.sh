@@ -4,12 +4,14 @@
 #
 # Here first, once (CPU; what travels must stay ≤ 64 MiB: the checkout ≈ 2.4 MB + .gpu 46 MB + .gpu-data 17 MB):
 #   ../shared/tools/gpu-bundle --with-lite0                    # Ray + the efficientnet_lite0 weights → .gpu/
-#   echo /.gpu-data/ >> .git/info/exclude
 #   .venv/bin/ncdlr prepare openclipart --max-side 160 --format jpeg --jpeg-quality 70 --out .gpu-data/oc160
+# (.gpu/ and .gpu-data/ are in .gitignore, so they travel only when carried.)
 # The call (device tool): command "bash benchmarks/gpu_issue14.sh", carry [".gpu", ".gpu-data"], timeout_s 540.
 # What comes back under $OUT: card.txt, gpu_quality.jsonl (one line per run), gpu_quality.txt (the lines and the
 # table), gpu_quality.err (the runs' progress and warnings, last 300 lines).
-# The cached regime on the same data, on CPU afterwards (both sets of rows: docs/activation-cache.md, last section):
+# The cached regime on the same data, on CPU (measured in session 40: docs/results.md "Session 40"; since then the
+# cache rebuilds to the bit with the same threads on the same kind of CPU; both sets of rows: docs/activation-cache.md,
+# last section):
 #   .venv/bin/ncdlr embed --data .gpu-data/oc160 --encoder efficientnet_lite0 --image-size 160 --trainable-blocks 1 \
 #       --views 8 --actors 2 --threads 1 --batch-size 32 --out /work/cache/oc160-lite0-160-b1-v8
 #   .venv/bin/python benchmarks/quality.py --datasets openclipart-cached \
