@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", type=int, default=8, help="training crops per row")
     parser.add_argument("--batch", type=int, default=32, help="rows per Ray Data batch (embed --batch-size)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the actor (embed --threads)")
-    parser.add_argument("--pass-rows", type=int, default=0, help="the candidate's pass size (0: the default for --size)")
+    parser.add_argument("--pass-rows", type=int, default=0,
+                        help="the candidate's pass size (0: the default for --size)")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions of each side (after one warm-up)")
     args = parser.parse_args(argv)
     from ncdlr.models.batching import pass_rows

@@ -22,8 +22,8 @@ def pass_rows(image_size: int, pixels: int = PIXELS_PER_PASS) -> int:
 
     Small passes keep a convolutional stem's early activations in the CPU caches: efficientnet_lite0's stem at 160 px
     ran its training crops 2.3× faster in passes of 5 than in plain passes of 64 on a 2-core machine, at one and at
-    two threads (``benchmarks/bench_embed.py``; docs/benchmarks.md, "Session 40: frozen passes of one fixed size"); a ViT's rate
-    hardly depends on the pass size."""
+    two threads (``benchmarks/bench_embed.py``; docs/benchmarks.md, "Session 40: frozen passes of one fixed size");
+    a ViT's rate hardly depends on the pass size."""
     if image_size < 1:
         raise ValueError(f"image_size must be >= 1, got {image_size}")
     return max(1, min(64, pixels // (image_size * image_size)))

@@ -33,8 +33,8 @@ def test_embed_writes_the_same_table_whatever_the_batching_and_the_actors(ray_lo
     for name, batch, actors in (("a", 8, 1), ("b", 3, 2)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # timm without weights warns (by design)
-            stats = embed_dataset(str(tmp_path / "data"), str(tmp_path / f"{name}.parquet"), encoder="efficientnet_lite0",
-                                  image_size=32, batch_size=batch, num_actors=actors)
+            stats = embed_dataset(str(tmp_path / "data"), str(tmp_path / f"{name}.parquet"),
+                                  encoder="efficientnet_lite0", image_size=32, batch_size=batch, num_actors=actors)
         assert stats["rows"] == len(records) and stats["pass_rows"] == 64
         tables.append(read_feature_table(str(tmp_path / f"{name}.parquet")))
     a, b = tables
