@@ -212,7 +212,7 @@ VARIANTS: dict[str, dict[str, dict]] = {
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
-              "ncdlr-val": ("none", "la", "crt")}
+              "ncdlr-val": ("none", "la", "crt"), "ncdlr-uniform-relax-task-cb": ("none", "la", "crt")}
 LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdlr-uniform"), ("+ASL (ncdlr)", "ncdlr"),
           ("+ASL bounded (ours)", "ncdlr-bounded"), ("+ASL anchored (ours)", "ncdlr-anchored"),
           ("+ASL bounded, γ by known-class rehearsal (ours)", "ncdlr-valgamma"),
