@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (those with a cell are read)")
     parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print A − B of each reading, paired over the seeds both have, with its SE")
     parser.add_argument("--groups", action="store_true", help="also each reading over the head / medium / tail "
-                        "novel classes (3:4:3 by training count)")
+                        "novel classes (3:4:3 by training count); with --gap also their gaps (seen crop, unseen "
+                        "crop, unseen image, as 'seen crop/tail' ...)")
     quality.add_cell_arguments(parser, holdout_view=False)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
@@ -137,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             a, b = (per_variant[v] for v in args.gap)
             seeds = sorted(set(a) & set(b))
             if len(seeds) >= 2:
-                gaps.append((dataset, seeds, {r: np.array([a[s][r] - b[s][r] for s in seeds])
-                                              for r in READINGS + SCORES}))
+                names = READINGS + SCORES + (tuple(f"{r}/{g}" for g in GROUPS for r in READINGS[:3])
+                                             if args.groups else ())
+                gaps.append((dataset, seeds, {r: np.array([a[s][r] - b[s][r] for s in seeds]) for r in names}))
     for dataset, seeds, diff in gaps:
         se = {r: d.std(ddof=1) / np.sqrt(len(d)) for r, d in diff.items()}
         print(f"\n{dataset}: {args.gap[0]} − {args.gap[1]} over seeds {seeds}: "

@@ -252,11 +252,12 @@ def profile_on(counts, k: int) -> np.ndarray:
 
 
 def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b: list[dict], draws: int = 2000,
-               seed: int = 0, correct=None) -> dict[str, float]:
+               seed: int = 0, correct=None, classes: list[int] | None = None) -> dict[str, float]:
     """Test novel accuracy of A minus B (class-mean, %), over seeds paired by position (``cells_a[i]`` and
     ``cells_b[i]`` share seed i; each has ``test_pred [N]``), and its two standard errors. ``correct(cell) -> [N]``
     bool scores a cell's test images (default: under the test split's own matching, :func:`correct_under_matching`;
-    or :func:`carried_correct`'s names).
+    or :func:`carried_correct`'s names). ``classes``: the class-mean over these novel class ids only (a head /
+    medium / tail group; default every novel class of ``y_true``); the matching is still the one over all classes.
 
     - ``seed_se``: ``std(d_s, ddof=1) / sqrt(S)`` of the per-seed gaps ``d_s`` (what more seeds shrink);
     - ``sample_se``: the std over ``draws`` bootstrap test splits — each novel class's test images drawn again with
@@ -266,7 +267,7 @@ def paired_gap(y_true: np.ndarray, num_known: int, cells_a: list[dict], cells_b:
     """
     if len(cells_a) != len(cells_b) or len(cells_a) < 2:
         raise ValueError(f"need the same number (≥ 2) of seeds for both, got {len(cells_a)} and {len(cells_b)}")
-    novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known]
+    novel_classes = [int(c) for c in np.unique(y_true) if c >= num_known] if classes is None else list(classes)
     correct = correct or (lambda cell: correct_under_matching(y_true, cell["test_pred"]))
     diff = np.stack([correct(a).astype(float) - correct(b).astype(float) for a, b in zip(cells_a, cells_b)])  # [S, N]
     per_seed = per_class_accuracy(diff, y_true, novel_classes).mean(1) * 100  # [S]
@@ -299,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         "and the shares routed across the boundary (novel → known, known → novel)")
     parser.add_argument("--sizes", action="store_true", help="also print the sizes of the novel clusters on the "
                         "novel training rows (label-free): clusters holding no row, largest / smallest non-empty")
+    parser.add_argument("--gap-groups", action="store_true", help="with --gap: also the paired gap over the novel "
+                        "head / medium / tail classes (3:4:3 by training count), each with its two standard errors")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
     parser.add_argument("--results-of", action="append", default=[], metavar="DATASET=DIR",
                         help="read this dataset's cells from DIR instead of --results (repeatable), so one --gap "
@@ -321,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         num_known, num_novel, _, train_counts = read_class_summary(tables[dataset])
         labels = read_feature_table(tables[dataset], splits=("test", "novel")).labels
         y_true, train_novel_labels = labels["test"].numpy(), labels["novel"].numpy()
+        novel_ids = [int(c) for c in np.unique(y_true) if c >= num_known]
         kept = {}  # variant -> {seed: cell} of the cells that kept their test predictions
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
             found = quality.read_cells(results_of.get(dataset, args.results), dataset, variant, args.seeds,
@@ -419,6 +423,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"{g['sample_se']:.1f}, together {g['total_se']:.1f})")
                 if correct is None:
                     gaps.append(g)
+                if args.gap_groups:
+                    for group, members in head_medium_tail(novel_ids, train_counts).items():
+                        if not members:
+                            continue
+                        h = paired_gap(y_true, num_known, [pair[0] for pair in pairs], [pair[1] for pair in pairs],
+                                       draws=args.draws, correct=correct, classes=members)
+                        print(f"  novel {group} ({len(members)} classes, {int(np.isin(y_true, members).sum())} test "
+                              f"images): {h['gap']:+.1f} (SE over seeds {h['seed_se']:.1f}, over test images "
+                              f"{h['sample_se']:.1f}, together {h['total_se']:.1f})")
             print()
     if args.gap and len(gaps) > 1:
         p = pooled_gap(gaps)

@@ -59,6 +59,24 @@ def test_the_paired_gap_has_a_seed_error_and_a_test_split_error():
     assert g["total_se"] == pytest.approx(np.hypot(g["seed_se"], g["sample_se"]))
 
 
+def test_the_paired_gap_over_a_group_of_classes_averages_that_group_only():
+    """The cells of the test above, read over novel class 3 alone (``classes=[3]``, as ``--gap-groups`` reads the
+    tail): B loses only seed 1's one image there, so the per-seed gaps are 0 and 25 points, and the bootstrap draws
+    class 3's images only (per-image seed-mean gaps ½, 0, 0, 0)."""
+    seed_spread = load_benchmark("seed_spread")
+    y_true = np.array([0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
+    b0 = y_true.copy()
+    b0[[4, 5]] = 0
+    b1 = b0.copy()
+    b1[8] = 1
+    a = {"test_pred": y_true.tolist()}
+    g = seed_spread.paired_gap(y_true, 2, [a, a], [{"test_pred": b0.tolist()}, {"test_pred": b1.tolist()}],
+                               draws=40000, seed=3, classes=[3])
+    assert g["gap"] == pytest.approx(12.5)
+    assert g["seed_se"] == pytest.approx(np.std([0.0, 25.0], ddof=1) / np.sqrt(2))
+    assert g["sample_se"] == pytest.approx(100 * np.sqrt((0.5 ** 2 / 4 - (0.5 / 4) ** 2) / 4), rel=0.03)
+
+
 def test_the_paired_gap_needs_two_paired_seeds():
     seed_spread = load_benchmark("seed_spread")
     y_true = np.array([0, 1, 2, 2])
