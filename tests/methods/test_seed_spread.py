@@ -252,7 +252,8 @@ def test_the_command_prints_the_sizes_table_when_asked(tmp_path, capsys):
     assert seed_spread.main([*argv, "--sizes"]) == 0
     out = capsys.readouterr().out
     assert "(true classes: 2)" in out  # training counts of the novel classes 1, 2: 2 and 1
-    assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) | 0.69 ± 0.00 |" in out.splitlines()  # all rows in cluster 0: log 2
+    # all rows in cluster 0: KL log 2, and the largest class (1) holds that one cluster
+    assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) | 0.69 ± 0.00 | 1.0 (1–1) |" in out.splitlines()
 
 
 def test_routing_separates_the_known_novel_boundary_from_the_clustering_of_the_novel_images():
@@ -326,3 +327,14 @@ def test_one_gap_command_pools_datasets_whose_cells_live_apart(tmp_path, capsys)
     assert out.strip().splitlines()[-1].startswith("pooled over 2 datasets: a − b +25.00 (SE 0.00;")
     with pytest.raises(SystemExit):
         seed_spread.main([*argv, "--results-of", "fashion-cached"])
+
+
+def test_clusters_held_by_the_largest_class_count_its_pieces():
+    """Novel classes 5 (six rows), 6 and 7 (two each), Ku = 4. Clusters 0 and 1 hold only class 5, cluster 2 holds
+    two rows of class 5 and one of class 6, cluster 3 classes 6 and 7: class 5 is the majority of three clusters.
+    Cluster ids that no row takes are not counted."""
+    seed_spread = load_benchmark("seed_spread")
+    labels = np.array([5, 5, 5, 5, 5, 5, 6, 6, 7, 7])
+    pred = np.array([0, 0, 1, 1, 2, 2, 2, 3, 3, 3])
+    assert seed_spread.clusters_held_by_largest(labels, pred, 4) == 3
+    assert seed_spread.clusters_held_by_largest(labels, np.where(pred < 2, 0, pred), 4) == 2
