@@ -36,20 +36,27 @@ def test_one_tail_image_that_flips_carries_the_whole_spread():
     assert r["resolution"] == pytest.approx(100 * np.sqrt((p * (1 - p) / n).sum()) / 4)
 
 
-def test_the_paired_gap_has_a_seed_error_and_a_test_split_error():
-    """Known classes 0, 1; novel 2, 3 with four test images each. A is right everywhere. B calls two of class 2's
-    images class 0 (wrong under any matching) in both seeds, and one of class 3's in seed 1 only. Per-seed gaps
-    (class-mean over the two novel classes) 25 and 37.5 points; the test split's bootstrap spread follows from the
-    per-image seed-mean gaps (class 2: 1, 1, 0, 0; class 3: ½, 0, 0, 0) as the std of a mean of n draws."""
-    seed_spread = load_benchmark("seed_spread")
+def two_seed_cells() -> tuple[np.ndarray, list[dict], list[dict]]:
+    """Known classes 0, 1; novel 2, 3 with four test images each: ``(y_true [12], A's two cells, B's two cells)``.
+    A is right everywhere; B calls two of class 2's images class 0 in both seeds, and one of class 3's class 1 in
+    seed 1 only."""
     y_true = np.array([0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
     b0 = y_true.copy()
     b0[[4, 5]] = 0
     b1 = b0.copy()
     b1[8] = 1
     a = {"test_pred": y_true.tolist()}
-    g = seed_spread.paired_gap(y_true, 2, [a, a], [{"test_pred": b0.tolist()}, {"test_pred": b1.tolist()}],
-                               draws=40000, seed=3)
+    return y_true, [a, a], [{"test_pred": b0.tolist()}, {"test_pred": b1.tolist()}]
+
+
+def test_the_paired_gap_has_a_seed_error_and_a_test_split_error():
+    """Known classes 0, 1; novel 2, 3 with four test images each. A is right everywhere. B calls two of class 2's
+    images class 0 (wrong under any matching) in both seeds, and one of class 3's in seed 1 only. Per-seed gaps
+    (class-mean over the two novel classes) 25 and 37.5 points; the test split's bootstrap spread follows from the
+    per-image seed-mean gaps (class 2: 1, 1, 0, 0; class 3: ½, 0, 0, 0) as the std of a mean of n draws."""
+    seed_spread = load_benchmark("seed_spread")
+    y_true, cells_a, cells_b = two_seed_cells()
+    g = seed_spread.paired_gap(y_true, 2, cells_a, cells_b, draws=40000, seed=3)
     assert g["seeds"] == 2 and g["gap"] == pytest.approx(31.25)
     assert g["seed_se"] == pytest.approx(np.std([25.0, 37.5], ddof=1) / np.sqrt(2))
     var_class2 = 0.25 / 4  # Bernoulli(½) mean of 4 draws
@@ -64,14 +71,8 @@ def test_the_paired_gap_over_a_group_of_classes_averages_that_group_only():
     tail): B loses only seed 1's one image there, so the per-seed gaps are 0 and 25 points, and the bootstrap draws
     class 3's images only (per-image seed-mean gaps ½, 0, 0, 0)."""
     seed_spread = load_benchmark("seed_spread")
-    y_true = np.array([0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
-    b0 = y_true.copy()
-    b0[[4, 5]] = 0
-    b1 = b0.copy()
-    b1[8] = 1
-    a = {"test_pred": y_true.tolist()}
-    g = seed_spread.paired_gap(y_true, 2, [a, a], [{"test_pred": b0.tolist()}, {"test_pred": b1.tolist()}],
-                               draws=40000, seed=3, classes=[3])
+    y_true, cells_a, cells_b = two_seed_cells()
+    g = seed_spread.paired_gap(y_true, 2, cells_a, cells_b, draws=40000, seed=3, classes=[3])
     assert g["gap"] == pytest.approx(12.5)
     assert g["seed_se"] == pytest.approx(np.std([0.0, 25.0], ddof=1) / np.sqrt(2))
     assert g["sample_se"] == pytest.approx(100 * np.sqrt((0.5 ** 2 / 4 - (0.5 / 4) ** 2) / 4), rel=0.03)
