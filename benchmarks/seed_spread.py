@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         num_known, num_novel, _, train_counts = read_class_summary(tables[dataset])
         labels = read_feature_table(tables[dataset], splits=("test", "novel")).labels
         y_true, train_novel_labels = labels["test"].numpy(), labels["novel"].numpy()
-        novel_ids = [int(c) for c in np.unique(y_true) if c >= num_known]
+        novel_groups = head_medium_tail([int(c) for c in np.unique(y_true) if c >= num_known], train_counts)
         kept = {}  # variant -> {seed: cell} of the cells that kept their test predictions
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
             found = quality.read_cells(results_of.get(dataset, args.results), dataset, variant, args.seeds,
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 if correct is None:
                     gaps.append(g)
                 if args.gap_groups:
-                    for group, members in head_medium_tail(novel_ids, train_counts).items():
+                    for group, members in novel_groups.items():
                         if not members:
                             continue
                         h = paired_gap(y_true, num_known, [pair[0] for pair in pairs], [pair[1] for pair in pairs],
