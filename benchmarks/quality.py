@@ -531,7 +531,9 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: variant ``ncdlr-uniform-relax-task``; on a planted problem the planted classes' rows are unlabelled, so novel);
 #: ``known-balance``: the same without and with the class-balanced known loss (``method.known_reweight`` 1, the variant
 #: ``ncdlr-uniform-relax-cb``; the weights come from the rehearsal's own known classes' counts); ``task-balance``: the
-#: same without and with both (the variant ``ncdlr-uniform-relax-task-cb``, session 34).
+#: same without and with both (the variant ``ncdlr-uniform-relax-task-cb``, session 34); ``posthoc``: the dataset
+#: config's predictions as they are against after the logit adjustment by the pseudo-label prior (``method.posthoc``
+#: la, the +LA rows), both from one training per draw (evaluation-only: :func:`ncdlr.service.rehearsal.training_key`).
 UNIFORM_RELAXED: dict[str, object] = {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}  #: the configs' sizes
 
 
@@ -552,6 +554,7 @@ EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
                       "uniform-relaxed-cb": variant_edits("ncdlr-uniform-relax-cb")},
     "task-balance": {"uniform-relaxed": UNIFORM_RELAXED,
                      "uniform-relaxed-task-cb": variant_edits("ncdlr-uniform-relax-task-cb")},
+    "posthoc": {"plain": {}, "la": {"method.posthoc": "la"}},
 }
 
 
@@ -760,7 +763,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(held, or relaxed with the uniform prior), relax-hold (the configs' relaxed sizes, or "
                              "the same after one epoch of held sizes), task (the configs' relaxed sizes without or "
                              "with method.task_weight 1), known-balance (the same without or with "
-                             "method.known_reweight 1), task-balance (the same without or with both)")
+                             "method.known_reweight 1), task-balance (the same without or with both), posthoc (the "
+                             "dataset config's predictions plain or after method.posthoc la; one training per draw)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--select-draws", type=int, default=SELECT_DRAWS,
                         help=f"validation draws of each --select-setting rehearsal (default {SELECT_DRAWS}); a cached "

@@ -12,7 +12,9 @@ The choice is the higher mean over the draws (the rule the dataset configs were 
 of docs/results.md); --margin-se 2 keeps the base unless a candidate's paired gap clears two standard errors.
 
 Cost: candidates × draws trainings of the config in this process (--threads; a cached Fashion-MNIST-LT
-run ≈ 100 s, OpenClipart-LT ≈ 200 s on one core). Each training is recorded in
+run ≈ 100 s, OpenClipart-LT ≈ 200 s on one core). A candidate that changes only the post-hoc fix
+(method.posthoc=la) shares each draw's training with the candidates it trains like, and is scored after its
+fix, so it costs a scoring, not a training. Each training is recorded in
 OUTPUT/rehearsal.json as it ends: rerunning the same command resumes, a larger --draws extends, and a record
 made with other configs for a candidate's name is refused. Outputs: rehearsal.md (the table, also printed),
 draws.png (each candidate's score per draw), best.yaml (the chosen candidate's config:
@@ -22,6 +24,8 @@ Examples:
   # the OpenClipart-LT config's known-vs-novel term and class-balanced known loss, on or off, on your table
   ncdlr rehearse --features s3://bucket/cache --config configs/openclipart.yaml \\
       --candidate without-pair method.task_weight=0 method.known_reweight=0 --draws 8 --output runs/rehearse
+  # the config's predictions plain or after the logit adjustment by the pseudo-label prior (one training per draw)
+  ncdlr rehearse --features s3://bucket/cache --config configs/openclipart.yaml --candidate la method.posthoc=la
   # held against relaxed cluster sizes, scored on the known problem
   ncdlr rehearse --features feats.parquet --candidate relaxed labeler.prior=uniform labeler.reg_m=0.45 \\
       --problem known --score val

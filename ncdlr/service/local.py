@@ -98,22 +98,28 @@ def embed(model, x: torch.Tensor, batch: int = 1024) -> torch.Tensor:
     return torch.cat([model(first_view(part)).float() for part in x.split(batch)])
 
 
+def fixed_scores(run: TrainedRun, splits, x: torch.Tensor, kinds: tuple[str, ...] = ("none",),
+                 temperature: float = 0.1, crt_epochs: int = 10, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``{kind: [N, K] scores}`` of the rows ``x`` (a table's rows, view 0) for the plain model (``none``) and each
+    post-hoc fix in ``kinds`` (:func:`ncdlr.methods.posthoc_scores`: +LA and +cRT take the known training rows of
+    ``splits`` with their labels and the model's argmax over the novel columns as its ``novel`` training rows'
+    pseudo-labels); the argmax of each is its prediction. The training rows are embedded once, and only if a fix
+    needs them. Not under ``no_grad``: cRT trains a classifier (the embeddings are computed without a graph)."""
+    model, ks = run.model, splits.num_known
+    z_test = embed(model, x)
+    logits = run.method.predict_logits(model, z_test)
+    if any(kind != "none" for kind in kinds):  # the post-hoc fixes need the training rows; the plain model not
+        z_known, z_novel = embed(model, splits.features["known"]), embed(model, splits.features["novel"])
+        novel_logits = run.method.predict_logits(model, z_novel)[:, ks:]
+    return {kind: logits if kind == "none" else posthoc_scores(
+        kind, z_test, logits, z_known, splits.labels["known"], z_novel, novel_logits, model.class_prototypes(),
+        temperature=temperature, crt_epochs=crt_epochs, seed=seed) for kind in kinds}
+
+
 def evaluate(run: TrainedRun, splits, split: str = "test", posthoc: tuple[str, ...] = ("none", "la", "crt"),
              temperature: float = 0.1, crt_epochs: int = 10, seed: int = 0) -> dict[str, dict[str, float]]:
     """``{posthoc: cluster_accuracy(...)}`` on ``split`` for the plain model and each post-hoc fix
-    (:func:`ncdlr.methods.posthoc_scores`: +LA and +cRT use the model's argmax over the novel columns as the
-    novel training rows' pseudo-labels; known rows keep their labels)."""
-    model, ks = run.model, splits.num_known
-    z_test = embed(model, splits.features[split])
-    logits = run.method.predict_logits(model, z_test)
-    if any(kind != "none" for kind in posthoc):  # the post-hoc fixes need the training rows; the plain model not
-        z_known, z_novel = embed(model, splits.features["known"]), embed(model, splits.features["novel"])
-        novel_logits = run.method.predict_logits(model, z_novel)[:, ks:]
-    out: dict[str, dict[str, float]] = {}
-    for kind in posthoc:
-        scores = logits if kind == "none" else posthoc_scores(
-            kind, z_test, logits, z_known, splits.labels["known"], z_novel, novel_logits, model.class_prototypes(),
-            temperature=temperature, crt_epochs=crt_epochs, seed=seed)
-        out[kind] = cluster_accuracy(splits.labels[split].numpy(), scores.argmax(1).numpy(), ks,
-                                     train_counts=splits.train_counts())
-    return out
+    (:func:`fixed_scores`)."""
+    scores = fixed_scores(run, splits, splits.features[split], posthoc, temperature, crt_epochs, seed)
+    return {kind: cluster_accuracy(splits.labels[split].numpy(), scores[kind].argmax(1).numpy(), splits.num_known,
+                                   train_counts=splits.train_counts()) for kind in posthoc}

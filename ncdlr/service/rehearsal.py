@@ -40,7 +40,7 @@ from ncdlr.data.features import FeatureSplits
 from ncdlr.method_settings import GAMMA_UNIFORM
 
 from .config import Config
-from .local import TrainedRun, embed, train
+from .local import TrainedRun, fixed_scores, train
 from .validation import (SCORING_SPLIT, ValidationConfig, ValidationSplit, planted_scores, planted_splits,
                          validation_scores, validation_splits)
 
@@ -90,19 +90,45 @@ def apply_gamma(cfg: Config, gamma: float) -> Config:
     return cfg
 
 
-def rehearsal_score(run: TrainedRun, validation: FeatureSplits, split: str = SCORING_SPLIT) -> float:
-    """The validation score of ``run``: pseudo-novel class-mean accuracy of its predictions on ``split`` (``val``,
-    the held-out rows; or :data:`POOL_SPLIT`, the pseudo-novel rows it trained on, view 0)."""
-    logits = run.method.predict_logits(run.model, embed(run.model, validation.features[split]))
-    return validation_scores(validation.labels[split].numpy(), logits.argmax(1).numpy(),
+def predictions(run: TrainedRun, problem: FeatureSplits, split: str, cfg: Config | None = None) -> np.ndarray:
+    """``[n]`` predictions of ``run`` for the rows of ``problem``'s ``split`` (view 0, argmax over all K) after the
+    post-hoc fix the run's config ``cfg`` names (``method.posthoc``; none without ``cfg``), taken on ``problem``'s
+    own training rows (:func:`~ncdlr.service.local.fixed_scores`): a candidate ``method.posthoc=la`` is rehearsed as
+    it would be used."""
+    kind = cfg.method.posthoc if cfg is not None else "none"
+    extra = {} if cfg is None else {"temperature": cfg.method.temperature, "crt_epochs": cfg.method.crt_epochs,
+                                    "seed": cfg.run.seed}
+    return fixed_scores(run, problem, problem.features[split], (kind,), **extra)[kind].argmax(1).numpy()
+
+
+def rehearsal_score(run: TrainedRun, validation: FeatureSplits, split: str = SCORING_SPLIT,
+                    cfg: Config | None = None) -> float:
+    """The validation score of ``run``: pseudo-novel class-mean accuracy of its predictions (:func:`predictions`,
+    with ``cfg``'s post-hoc fix) on ``split`` (``val``, the held-out rows; or :data:`POOL_SPLIT`, the pseudo-novel
+    rows it trained on, view 0)."""
+    return validation_scores(validation.labels[split].numpy(), predictions(run, validation, split, cfg),
                              validation.num_known, validation.train_counts())["score"]
 
 
-def planted_score(run: TrainedRun, problem: FeatureSplits, info: ValidationSplit) -> float:
+def planted_score(run: TrainedRun, problem: FeatureSplits, info: ValidationSplit, cfg: Config | None = None) -> float:
     """The pool score of ``run`` on a planted problem (:func:`~ncdlr.service.validation.planted_splits`): the
-    planted classes' mean F1 against its clusters of all the ``novel`` training rows (view 0, argmax over all K)."""
-    logits = run.method.predict_logits(run.model, embed(run.model, problem.features[POOL_SPLIT]))
-    return planted_scores(problem.labels[POOL_SPLIT].numpy(), logits.argmax(1).numpy(), info)["score"]
+    planted classes' mean F1 against its clusters of all the ``novel`` training rows (:func:`predictions`, with
+    ``cfg``'s post-hoc fix)."""
+    return planted_scores(problem.labels[POOL_SPLIT].numpy(), predictions(run, problem, POOL_SPLIT, cfg), info)["score"]
+
+
+#: config fields that only change how a trained model is scored, not its training (``section.name``)
+EVALUATION_ONLY = ("method.posthoc",)
+
+
+def training_key(cfg: Config) -> str:
+    """What decides a training of ``cfg``: its config with the :data:`EVALUATION_ONLY` fields at their defaults,
+    written out (two candidates with one key train the same model, so a rehearsal trains it once)."""
+    plain = copy.deepcopy(cfg)
+    for key in EVALUATION_ONLY:
+        section, name = key.split(".", 1)
+        setattr(getattr(plain, section), name, getattr(type(getattr(plain, section))(), name))
+    return repr(plain)
 
 
 def replicate_seed(cfg: Config, replicate: int) -> int:
@@ -145,7 +171,8 @@ def select_gamma(cfg: Config, splits: FeatureSplits, gamma_per_cluster: tuple[fl
 def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, Candidate], draws: int = 1,
              pseudo_novel_fraction: float = ValidationConfig.pseudo_novel_fraction,
              first_draw: int = 0, replicate: int = 0,
-             pool: dict[Hashable, list[float]] | None = None, planted: bool = False) -> dict[Hashable, list[float]]:
+             pool: dict[Hashable, list[float]] | None = None, planted: bool = False,
+             runs: dict | None = None) -> dict[Hashable, list[float]]:
     """Each candidate's pseudo-novel score on each validation draw: ``{key: [score of draw first_draw, the next, …]}``
     (``draws`` of them; a later ``first_draw`` extends an earlier rehearsal with new draws).
 
@@ -155,25 +182,36 @@ def rehearse(cfg: Config, splits: FeatureSplits, candidates: Mapping[Hashable, C
     :func:`rehearsal_score` on ``val``. ``pool``, when given, is filled the same way with the pool score
     (:data:`POOL_SPLIT`) of the same runs. ``planted``: draw ``d`` is instead the planted problem of that seed
     (:func:`~ncdlr.service.validation.planted_splits`, the real pool beside the pseudo-novel classes, so no scaling),
-    the edit gets its ``Ku' + Ku`` clusters, and ``pool`` gets :func:`planted_score`. Cost: ``len(candidates) · draws`` trainings.
+    the edit gets its ``Ku' + Ku`` clusters, and ``pool`` gets :func:`planted_score`. Each score applies the
+    candidate's own post-hoc fix (``method.posthoc``). Candidates whose configs differ only in evaluation-only fields
+    (:func:`training_key`) share one training of a draw; ``runs``, when given, keeps the current draw's trainings
+    across calls (a caller that rehearses one candidate per call passes the same dict). Cost: at most
+    ``len(candidates) · draws`` trainings.
     """
     if draws < 1 or first_draw < 0:
         raise ValueError(f"draws must be at least 1 and first_draw at least 0, got {draws}, {first_draw}")
     seed = replicate_seed(cfg, replicate)
     by_draw: dict[Hashable, list[float]] = {key: [] for key in candidates}
+    trained = runs if runs is not None else {}  # (draw, replicate, planted, fraction, training_key) → TrainedRun
     problem = planted_splits if planted else validation_splits
     for draw in range(first_draw, first_draw + draws):
         validation, info = problem(
             splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=pseudo_novel_fraction))
+        this_draw = (draw, replicate, planted, pseudo_novel_fraction)
+        for stale in [tag for tag in trained if tag[:-1] != this_draw]:  # a training is reused within its draw only
+            del trained[stale]
         for key, edit in candidates.items():
             trial = trial_config(cfg, splits, validation)
             trial.run.seed = seed
             edit(trial, validation.num_novel)
-            run = train(trial, validation)
-            by_draw[key].append(rehearsal_score(run, validation))
+            tag = (*this_draw, training_key(trial))  # before train(), which fills in the trial's model fields
+            if tag not in trained:
+                trained[tag] = train(trial, validation)
+            run = trained[tag]
+            by_draw[key].append(rehearsal_score(run, validation, cfg=trial))
             if pool is not None:
-                pool.setdefault(key, []).append(planted_score(run, validation, info) if planted
-                                                else rehearsal_score(run, validation, POOL_SPLIT))
+                pool.setdefault(key, []).append(planted_score(run, validation, info, trial) if planted
+                                                else rehearsal_score(run, validation, POOL_SPLIT, trial))
     return by_draw
 
 

@@ -202,13 +202,14 @@ def run_rehearsal(configs: Mapping[str, Config], splits: FeatureSplits, plan: Re
 
     Each training is one draw of :func:`ncdlr.service.rehearsal.rehearse` (the benchmark's rehearsal: draw ``d``
     is the problem of seed ``run.seed + d``, the same for every candidate since they share ``run.seed``), with
-    the candidate's whole step's batch (:func:`single_process`)."""
-    todo = pending(record, plan)
+    the candidate's whole step's batch (:func:`single_process`). Candidates that differ only in how a trained model is
+    scored (``method.posthoc``) share each draw's training, and each score applies its candidate's fix."""
+    todo, runs = pending(record, plan), {}  # runs: a draw's trainings, shared by candidates that train alike
     for done, (draw, name) in enumerate(todo, 1):
         start, pool = time.perf_counter(), {}
         val = rehearse(single_process(configs[name]), splits, {name: _as_it_is}, draws=1,
                        pseudo_novel_fraction=plan.pseudo_novel_fraction, first_draw=draw, pool=pool,
-                       planted=plan.problem == "planted")
+                       planted=plan.problem == "planted", runs=runs)
         result = {"val": float(val[name][0]), "pool": float(pool[name][0]), "seconds": time.perf_counter() - start}
         record.scores[name][str(draw)] = result
         if path is not None:

@@ -176,3 +176,20 @@ def test_a_run_without_a_record_path_still_fills_the_record(table):
                            progress=lambda d, n, r, done, total: seen.append((d, n, done, total)))
     assert seen == [(0, BASE, 1, 4), (0, "relaxed", 2, 4), (1, BASE, 3, 4), (1, "relaxed", 4, 4)]
     assert all(0.0 <= r["pool"] <= 1.0 for by in record.scores.values() for r in by.values())
+
+
+def test_a_post_hoc_candidate_trains_with_the_base_once_per_draw_and_scores_its_own_fix(table, tmp_path, monkeypatch):
+    """``--candidate la method.posthoc=la``: the base config and +LA train alike, so each draw trains once, and the
+    two records differ only where the logit adjustment moves the pool's rows."""
+    out, trained, real = tmp_path / "out", [], rehearsal.train
+
+    def counting(cfg, splits):
+        trained.append(cfg.method.posthoc)
+        return real(cfg, splits)
+
+    monkeypatch.setattr(rehearsal, "train", counting)
+    assert rehearse(table, out, candidates=(["la", "method.posthoc=la"],)) == 0
+    assert trained == ["none", "none"]  # draws 0 and 1, the base's training serving +LA too
+    record = json.loads((out / "rehearsal.json").read_text())["scores"]
+    assert set(record) == {BASE, "la"} and load_yaml(out / "best.yaml").method.posthoc in ("none", "la")
+    assert all(0.0 <= record["la"][d]["pool"] <= 1.0 for d in ("0", "1"))

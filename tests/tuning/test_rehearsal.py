@@ -8,6 +8,7 @@ import torch
 from ncdlr.data.features import FeatureSplits
 from ncdlr.service import rehearsal
 from ncdlr.service.config import Config
+from ncdlr.service.local import embed
 from ncdlr.service.validation import (SCORING_SPLIT, ValidationConfig, planted_scores, planted_splits,
                                      validation_splits)
 
@@ -73,7 +74,7 @@ def test_the_winner_is_the_best_scored_candidate_and_ties_go_to_half_a_cluster(m
     splits, cfg = unlabeled_novel_table(), tiny_config()
     monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, _: trial_cfg.labeler.gamma)
     by_gamma = {}
-    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda gamma, _: by_gamma[gamma])
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda gamma, *_, **__: by_gamma[gamma])
     _, info = validation_splits(splits, ValidationConfig(seed=cfg.run.seed))
     by_gamma.update({0.05 * info.num_novel: 0.2, 0.5 * info.num_novel: 0.6, 1.5 * info.num_novel: 0.6})
     gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(0.05, 0.5, 1.5))
@@ -89,7 +90,7 @@ def test_the_uniform_candidate_trains_with_the_uniform_prior_and_wins_as_uniform
         return trial_cfg.labeler.prior
 
     monkeypatch.setattr(rehearsal, "train", fake_train)
-    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda prior, _: 0.9 if prior == "uniform" else 0.3)
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda prior, *_, **__: 0.9 if prior == "uniform" else 0.3)
     gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(rehearsal.UNIFORM, 0.5))
     assert priors[0] == ("uniform", cfg.labeler.gamma) and priors[1][0] == "adaptive"
     assert gamma == rehearsal.UNIFORM and scores == {rehearsal.UNIFORM: 0.9, 0.5: 0.3}
@@ -107,7 +108,7 @@ def test_draws_average_scores_over_other_pseudo_novel_classes_and_held_out_image
         return len(problems)
 
     monkeypatch.setattr(rehearsal, "train", fake_train)
-    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda n, _: float(n))  # 1, 2, 3, 4 in call order
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda n, *_, **__: float(n))  # 1, 2, 3, 4 in call order
     per_draw = {}
     gamma, scores = rehearsal.select_gamma(cfg, splits, gamma_per_cluster=(0.5, 1.5), draws=2,
                                            pseudo_novel_fraction=0.5, per_draw=per_draw)
@@ -145,7 +146,7 @@ def test_select_setting_rehearses_a_config_key_on_scaled_trials_and_keeps_the_de
 
     scores = {0.0: iter([0.30, 0.40, 0.35]), 1.0: iter([0.32, 0.38, 0.37])}  # +0.02, −0.02, +0.02: noise
     monkeypatch.setattr(rehearsal, "train", fake_train)
-    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda value, _: next(scores[value]))
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda value, *_, **__: next(scores[value]))
     per_draw = {}
     value, means = rehearsal.select_setting(cfg, splits, "optim.known_warmup_epochs", (0.0, 1.0), default=0.0,
                                             draws=3, pseudo_novel_fraction=0.5, per_draw=per_draw)
@@ -175,7 +176,7 @@ def test_select_edits_rehearses_named_edits_of_several_keys_and_keeps_the_defaul
                 ("uniform", 0.45): [0.40, 0.49, 0.46]}  # +0.10 on every draw
     scores = {k: iter(v) for k, v in measured.items()}
     monkeypatch.setattr(rehearsal, "train", fake_train)
-    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda edit, _: next(scores[edit]))
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda edit, *_, **__: next(scores[edit]))
     per_draw = {}
     name, means = rehearsal.select_edits(cfg, splits, candidates, "held", draws=3, pseudo_novel_fraction=0.5,
                                          per_draw=per_draw)
@@ -199,7 +200,7 @@ def test_later_draws_extend_an_earlier_rehearsal_with_the_same_validation_proble
     splits, cfg = unlabeled_novel_table(), tiny_config()
     problems = []
     monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: problems.append(trained_on) or trained_on)
-    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda problem, _: float(problem.labels[SCORING_SPLIT].sum()))
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda problem, *_, **__: float(problem.labels[SCORING_SPLIT].sum()))
     edit = {"only": lambda trial, ku: None}
     whole = rehearsal.rehearse(cfg, splits, edit, draws=4, pseudo_novel_fraction=0.5)["only"]
     later = rehearsal.rehearse(cfg, splits, edit, draws=2, pseudo_novel_fraction=0.5, first_draw=2)["only"]
@@ -218,7 +219,7 @@ def test_a_replicate_trains_the_same_problems_with_other_seeds_and_the_pool_scor
     monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: trained.append(
         (trial_cfg.run.seed, trained_on)) or trial_cfg.run.seed)
 
-    def fake_score(run, problem, split=SCORING_SPLIT):  # the run (its seed), and how many rows the split has
+    def fake_score(run, problem, split=SCORING_SPLIT, cfg=None):  # the run (its seed), and how many rows the split has
         scored.append((run, split))
         return len(problem.labels[split]) / 1000
 
@@ -259,8 +260,8 @@ def test_a_planted_rehearsal_trains_on_the_real_pool_and_scores_the_planted_clas
     trained, kus = [], []
     monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: trained.append(
         (trial_cfg.data.batch_size, trained_on)) or "run")
-    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda run, problem, split=SCORING_SPLIT: 0.25)
-    monkeypatch.setattr(rehearsal, "planted_score", lambda run, problem, info: info.num_novel / 100)
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda run, problem, split=SCORING_SPLIT, cfg=None: 0.25)
+    monkeypatch.setattr(rehearsal, "planted_score", lambda run, problem, info, cfg=None: info.num_novel / 100)
     pool = {}
     scores = rehearsal.rehearse(cfg, splits, {"only": lambda trial, ku: kus.append(ku)}, draws=2,
                                 pseudo_novel_fraction=0.5, pool=pool, planted=True)
@@ -277,8 +278,64 @@ def test_the_planted_score_reads_a_trained_run_on_the_whole_pool(one_torch_threa
     splits, cfg = unlabeled_novel_table(), tiny_config()
     problem, info = planted_splits(splits, ValidationConfig(seed=0, pseudo_novel_fraction=0.5))
     run = rehearsal.train(cfg, problem)
-    logits = run.method.predict_logits(run.model, rehearsal.embed(run.model, problem.features["novel"]))
+    logits = run.method.predict_logits(run.model, embed(run.model, problem.features["novel"]))
     assert logits.shape[1] == problem.num_known + problem.num_novel == KS + KU
     score = rehearsal.planted_score(run, problem, info)
     assert 0.0 < score <= 1.0
     assert score == planted_scores(problem.labels["novel"].numpy(), logits.argmax(1).numpy(), info)["score"]
+
+
+def test_a_post_hoc_candidate_shares_its_draws_training_and_is_scored_after_its_fix(monkeypatch):
+    """``method.posthoc`` changes only how a trained model is scored: a rehearsal of the plain predictions against
+    +LA trains once per draw, and the +LA candidate's planted F1 is that of the logit-adjusted predictions, the
+    prior counted from the problem's own known labels and pseudo-labels (computed here from the formula)."""
+    from ncdlr.methods.posthoc import logit_adjustment, pseudo_label_counts
+
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    runs, real_train = [], rehearsal.train
+    monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: runs.append(real_train(trial_cfg, trained_on))
+                        or runs[-1])
+    pool = {}
+
+    def la(trial, _ku):
+        trial.method.posthoc = "la"
+
+    scores = rehearsal.rehearse(cfg, splits, {"plain": lambda trial, ku: None, "la": la}, draws=2,
+                                pseudo_novel_fraction=0.5, pool=pool, planted=True)
+    assert len(runs) == 2  # one training per draw, not one per candidate
+    for draw, run in enumerate(runs):
+        problem, info = planted_splits(splits, ValidationConfig(seed=cfg.run.seed + draw, pseudo_novel_fraction=0.5))
+        logits = run.method.predict_logits(run.model, embed(run.model, problem.features["novel"]))
+        counts = pseudo_label_counts(problem.labels["known"], logits[:, problem.num_known:], problem.num_known)
+        adjusted = logit_adjustment(logits, counts, cfg.method.temperature).argmax(1)
+        y = problem.labels["novel"].numpy()
+        assert pool["plain"][draw] == planted_scores(y, logits.argmax(1).numpy(), info)["score"]
+        assert pool["la"][draw] == planted_scores(y, adjusted.numpy(), info)["score"]
+        assert not torch.equal(adjusted, logits.argmax(1))  # the fix moves rows here, so the two scores are two reads
+    assert set(scores) == {"plain", "la"} and all(0.0 <= v <= 1.0 for v in scores["la"])
+
+
+def test_a_training_key_ignores_the_post_hoc_fix_and_nothing_else():
+    cfg, fixed, other = tiny_config(), tiny_config(), tiny_config()
+    fixed.method.posthoc, other.labeler.gamma = "la+crt", 3.0
+    assert rehearsal.training_key(cfg) == rehearsal.training_key(fixed) != rehearsal.training_key(other)
+    assert fixed.method.posthoc == "la+crt"  # the key is read off a copy
+
+
+def test_trainings_kept_across_calls_serve_their_own_draw_only(monkeypatch):
+    """``runs``: a caller that rehearses one candidate per call (``ncdlr rehearse``) keeps a draw's training for the
+    next candidate of that draw; a new draw drops it."""
+    splits, cfg = unlabeled_novel_table(), tiny_config()
+    trained = []
+    monkeypatch.setattr(rehearsal, "train", lambda trial_cfg, trained_on: trained.append(trial_cfg.run.seed) or "run")
+    monkeypatch.setattr(rehearsal, "rehearsal_score", lambda run, problem, split=SCORING_SPLIT, cfg=None: 0.5)
+
+    def la(trial, _ku):
+        trial.method.posthoc = "la"
+
+    runs: dict = {}
+    for draw, edit in ((0, lambda trial, ku: None), (0, la), (1, la), (1, lambda trial, ku: None)):
+        rehearsal.rehearse(cfg, splits, {"one": edit}, draws=1, first_draw=draw, runs=runs)
+    assert len(trained) == 2 and len(runs) == 1
+    rehearsal.rehearse(cfg, splits, {"one": la}, draws=1, first_draw=1, replicate=1, runs=runs)
+    assert len(trained) == 3  # another replicate trains with another seed: not the same training
