@@ -14,6 +14,9 @@ name (known class name, or the novel cluster's: novel-NN or what `ncdlr name` se
 predicted prototype), margin (to the second best), top5 + top5_score, label and split where the data has them,
 and the embedding with --embeddings. Ray Data decodes the images and a pool of --actors model actors scores
 them (--use-gpu: one GPU per actor). Parts are written as they fill: run the same command again to resume.
+A run trained with a post-hoc fix (method.posthoc la, crt or la+crt) predicts through the fix that its
+evaluation fitted on its training rows, so pred is what `ncdlr evaluate` scored; confidence and the top5
+scores are then the fixed scores (for +LA cos/T - log prior), not cosines.
 
 Examples:
   ncdlr predict runs/demo --data s3://ncdlr-demo/inat-mini --out runs/demo/predictions

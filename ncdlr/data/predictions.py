@@ -10,10 +10,11 @@ column             type                meaning
 ``is_novel``       bool                ``pred >= Ks``
 ``name``           string              the known class's name, or the novel cluster's (``novel-NN`` or the
                                        user's name from the run's ``names.yaml``)
-``confidence``     float32             cosine of the embedding to the predicted prototype, in [-1, 1]
-``margin``         float32             that cosine minus the second largest (≥ 0; small = ambiguous)
-``top5``           list<int32>         the five (or K) most similar classes, best first
-``top5_score``     list<float32>       their cosines
+``confidence``     float32             cosine of the embedding to the predicted prototype, in [-1, 1] (a run
+                                       with a post-hoc fix: its fixed score instead, e.g. cos/T − log π̂)
+``margin``         float32             that score minus the second largest (≥ 0; small = ambiguous)
+``top5``           list<int32>         the five (or K) best-scored classes, best first
+``top5_score``     list<float32>       their scores (cosines, or the fixed scores)
 ``label``          int32, nullable     the true class where the data has labels (a prepared dataset), else null
 ``split``          string, nullable    the dataset split the row came from (prepared datasets and tables)
 ``embedding``      list<float32>       ``z`` ``[D]`` (unit norm), only with ``ncdlr predict --embeddings``
@@ -22,7 +23,8 @@ column             type                meaning
 Files: ``part-<id>.parquet`` (rows) and ``unreadable-<id>.parquet`` (``source_id`` of files that could not
 be decoded, with the ``reason``), each written whole (:func:`ncdlr.data.storage.write_parquet`), so a
 resumed ``predict`` skips every id already in either (``storage.source_ids_under``); ``_done.json`` (:func:`write_done`) once it finished. The schema metadata (key ``ncdlr_predictions``) holds the
-run, checkpoint, data URI and the class names the rows were made with.
+run, checkpoint, data URI, the class names the rows were made with and the post-hoc fix (``posthoc``, ``none`` when
+the run has none).
 """
 
 from __future__ import annotations

@@ -20,13 +20,14 @@ from .base import Method, MethodConfigError, PrototypeModel, pad_novel
 from .crt import class_balanced_sampler, retrain_classifier
 from .discovery import Discovery, Gather, buffer_width, single_process
 from .ncdlr import NCDLR
-from .posthoc import logit_adjustment, posthoc_scores, pseudo_label_counts
+from .posthoc import PosthocFix, fit_posthoc, logit_adjustment, posthoc_scores, pseudo_label_counts
 from .uno import UNO
 
 METHODS: dict[str, type[Method]] = {"ncdlr": NCDLR, "uno": UNO, "autonovel": AutoNovel}
 
 __all__ = ["METHODS", "AutoNovel", "Discovery", "Gather", "Method", "MethodConfig", "MethodConfigError", "NCDLR",
-           "PrototypeModel", "UNO", "build_method", "buffer_width", "class_balanced_sampler", "logit_adjustment", "pad_novel",
+           "PosthocFix", "PrototypeModel", "UNO", "build_method", "buffer_width", "class_balanced_sampler", "fit_posthoc",
+           "logit_adjustment", "pad_novel",
            "posthoc_scores", "pseudo_label_counts", "ranking_pairs", "retrain_classifier", "single_process"]
 
 

@@ -9,6 +9,8 @@ logits on the scale of a softmax classifier, and ``cos/0.1`` is the scale UNO tr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -40,17 +42,51 @@ def logit_adjustment(logits: Tensor, class_counts: Tensor, temperature: float = 
 POSTHOC_CHOICES = ("none", "la", "crt", "la+crt")
 
 
-def posthoc_scores(kind: str, z_test: Tensor, test_logits: Tensor, z_known: Tensor, known_labels: Tensor,
-                   z_novel: Tensor, novel_logits: Tensor, prototypes: Tensor, *, temperature: float = 0.1,
-                   crt_epochs: int = 10, seed: int = 0) -> Tensor:
-    """``[N, K]`` test scores after the post-hoc fix ``kind``; their argmax is the prediction.
+@dataclass(frozen=True)
+class PosthocFix:
+    """A post-hoc fix fitted to a trained model's training rows, to be applied to any new rows' scores.
+
+    Attributes:
+        kind: one of :data:`POSTHOC_CHOICES`.
+        class_counts: ``[K]`` the prior's counts (known labels + novel pseudo-labels); None for ``none``.
+        weights: ``[D, K]`` the re-trained prototypes (``crt``, ``la+crt``), unit columns; None otherwise.
+        temperature: ``T`` of :func:`logit_adjustment`.
+    """
+
+    kind: str
+    class_counts: Tensor | None = None
+    weights: Tensor | None = None
+    temperature: float = 0.1
+
+    def apply(self, z: Tensor, logits: Tensor) -> Tensor:
+        """``[N, K]`` fixed scores of rows with unit embeddings ``z [N, D]`` and the model's scores ``logits [N, K]``
+        (their argmax is the prediction); the fix's tensors follow ``z``'s device."""
+        if self.kind == "none":
+            return logits
+        scores = logits if self.weights is None else z @ self.weights.to(z.device, z.dtype)
+        if self.kind == "crt":
+            return scores
+        return logit_adjustment(scores, self.class_counts.to(scores.device), self.temperature)
+
+    def state(self) -> dict:
+        """The fix as plain tensors and numbers (``torch.save``-able; :meth:`from_state` reads it back)."""
+        return {"kind": self.kind, "class_counts": self.class_counts, "weights": self.weights,
+                "temperature": self.temperature}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "PosthocFix":
+        if state.get("kind") not in POSTHOC_CHOICES:
+            raise ValueError(f"not a post-hoc fix: kind {state.get('kind')!r}")
+        return cls(state["kind"], state.get("class_counts"), state.get("weights"), float(state["temperature"]))
+
+
+def fit_posthoc(kind: str, z_known: Tensor, known_labels: Tensor, z_novel: Tensor, novel_logits: Tensor,
+                prototypes: Tensor, *, temperature: float = 0.1, crt_epochs: int = 10, seed: int = 0) -> PosthocFix:
+    """The fix ``kind`` fitted to the training rows: ``"none"`` (nothing), ``"la"`` (:func:`logit_adjustment` with the
+    pseudo-label prior), ``"crt"`` (prototypes ``W`` re-trained by :func:`ncdlr.methods.crt.retrain_classifier` on
+    known labels + novel pseudo-labels, scores ``z · W``) or ``"la+crt"`` (cRT, then LA on its scores, same prior).
 
     Args:
-        kind: ``"none"`` (``test_logits`` as they are), ``"la"`` (:func:`logit_adjustment` with the
-            pseudo-label prior), ``"crt"`` (``z_test · W`` with ``W`` from
-            :func:`ncdlr.methods.crt.retrain_classifier` on known labels + novel pseudo-labels), or
-            ``"la+crt"`` (cRT, then LA on the re-trained classifier's scores, same prior).
-        z_test: ``[N, D]`` unit test embeddings; ``test_logits [N, K]`` the trained model's scores.
         z_known, known_labels: ``[Nk, D]`` embeddings and ``[Nk]`` labels of the known training rows.
         z_novel, novel_logits: ``[Nu, D]`` embeddings and ``[Nu, Ku]`` novel-column scores of the novel
             training rows (pseudo-label = argmax).
@@ -59,15 +95,25 @@ def posthoc_scores(kind: str, z_test: Tensor, test_logits: Tensor, z_known: Tens
     if kind not in POSTHOC_CHOICES:
         raise ValueError(f"posthoc must be one of {', '.join(POSTHOC_CHOICES)}, got {kind!r}")
     if kind == "none":
-        return test_logits
-    num_known = test_logits.shape[1] - novel_logits.shape[1]
+        return PosthocFix("none", temperature=temperature)
+    num_known = prototypes.shape[1] - novel_logits.shape[1]
     counts = pseudo_label_counts(known_labels, novel_logits, num_known)
     if kind == "la":
-        return logit_adjustment(test_logits, counts, temperature)
+        return PosthocFix("la", counts, None, temperature)
     from .crt import retrain_classifier
 
     labels = torch.cat([known_labels.long(), num_known + novel_logits.argmax(1)])
     weights = retrain_classifier(torch.cat([z_known, z_novel]), labels, prototypes.detach(), epochs=crt_epochs,
                                  temperature=temperature, seed=seed)
-    scores = z_test @ weights
-    return scores if kind == "crt" else logit_adjustment(scores, counts, temperature)
+    return PosthocFix(kind, counts, weights, temperature)
+
+
+def posthoc_scores(kind: str, z_test: Tensor, test_logits: Tensor, z_known: Tensor, known_labels: Tensor,
+                   z_novel: Tensor, novel_logits: Tensor, prototypes: Tensor, *, temperature: float = 0.1,
+                   crt_epochs: int = 10, seed: int = 0) -> Tensor:
+    """``[N, K]`` test scores after the post-hoc fix ``kind`` (:func:`fit_posthoc` on the training rows, then
+    :meth:`PosthocFix.apply` to ``z_test [N, D]`` and the trained model's ``test_logits [N, K]``); their argmax is the
+    prediction."""
+    fix = fit_posthoc(kind, z_known, known_labels, z_novel, novel_logits, prototypes, temperature=temperature,
+                      crt_epochs=crt_epochs, seed=seed)
+    return fix.apply(z_test, test_logits)

@@ -16,8 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ncdlr.methods import PosthocFix
+
 from .checkpoint import inference_state, load_checkpoint, load_model_state
 from .config import Config, load_yaml
+from .fitted_fix import save_fix
 from .run_data import TrainingData, load_training_data, pipeline_config
 
 log = logging.getLogger(__name__)
@@ -102,7 +105,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "", split: str = "test",
     if posthoc != "none":
         plain = cluster_accuracy(y_true, y_pred, summary.num_known, summary.train_counts)
         extra.update({f"without_posthoc_{k}": plain[k] for k in ("all", "known", "novel")})
-        y_pred = posthoc_predictions(cfg, data, model, inputs, posthoc)
+        y_pred, fix = posthoc_predictions(cfg, data, model, inputs, posthoc)
+        save_fix(run_dir, checkpoint, fix)  # what `ncdlr predict` applies to new images (ncdlr.service.fitted_fix)
     training = {f"train_{k}": float(v) for k, v in payload.get("metrics", {}).items() if isinstance(v, (int, float))}
     metrics = write_run_report(
         run_dir, y_true=y_true, y_pred=y_pred, num_known=summary.num_known, train_counts=summary.train_counts,
@@ -127,14 +131,13 @@ def _estimate_metrics(run_dir: Path) -> dict:
 
 
 def posthoc_predictions(cfg: Config, data: TrainingData, model, test_inputs: list[torch.Tensor], posthoc: str
-                        ) -> np.ndarray:
-    """``[N]`` predictions after the post-hoc fix ``posthoc`` (la | crt | la+crt), on CPU.
+                        ) -> tuple[np.ndarray, PosthocFix]:
+    """``([N] predictions after the post-hoc fix posthoc, the fix)`` (la | crt | la+crt), on CPU.
 
     Not under ``no_grad``: cRT trains the classifier. Embeds the test inputs and the known + novel training splits (eval view) with the trained model;
-    the novel rows' pseudo-labels are the model's argmax over the novel columns.
+    the novel rows' pseudo-labels are the model's argmax over the novel columns (:func:`ncdlr.methods.fit_posthoc`).
     """
-    from ncdlr.methods import build_method
-    from ncdlr.methods.posthoc import posthoc_scores
+    from ncdlr.methods import build_method, fit_posthoc
 
     method = build_method(cfg.method, cfg.labeler, model.num_novel)
 
@@ -151,11 +154,10 @@ def posthoc_predictions(cfg: Config, data: TrainingData, model, test_inputs: lis
     if len(z_known) == 0 or len(z_novel) == 0:
         raise ValueError(f"posthoc {posthoc!r} needs the known and novel training splits; one is empty")
     ks = model.num_known
-    scores = posthoc_scores(posthoc, z_test, method.predict_logits(model, z_test), z_known,
-                            torch.as_tensor(known_labels, dtype=torch.long), z_novel,
-                            method.predict_logits(model, z_novel)[:, ks:], model.class_prototypes(),
-                            temperature=cfg.method.temperature, crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)
-    return scores.argmax(1).numpy()
+    fix = fit_posthoc(posthoc, z_known, torch.as_tensor(known_labels, dtype=torch.long), z_novel,
+                      method.predict_logits(model, z_novel)[:, ks:], model.class_prototypes(),
+                      temperature=cfg.method.temperature, crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)
+    return fix.apply(z_test, method.predict_logits(model, z_test)).argmax(1).numpy(), fix
 
 
 def same_accuracy(reported: float | None, computed: float | None, tol: float = 1e-9) -> bool:

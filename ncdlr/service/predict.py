@@ -13,6 +13,12 @@ puts each actor on a GPU), so it scales out on a cluster. The model's weights tr
 through shared disk. Unreadable files are counted and listed (``unreadable-*.parquet``), never dropped silently.
 Rows are written in parts of about ``rows_per_part`` as they come, so a run over a large prefix that stops
 resumes where it stopped: the same command skips every ``source_id`` already under ``--out``.
+
+A run whose config names a post-hoc fix (``method.posthoc``: la, crt, la+crt) predicts through it: the fix fitted on
+its training rows when the run was evaluated (:mod:`ncdlr.service.fitted_fix`) is applied to every row's scores, so
+``pred`` is what ``ncdlr evaluate`` scores and ``confidence`` / ``top_score`` are the fixed scores (cos/T − log π̂
+for +LA) instead of cosines; the table's metadata names the fix (``posthoc``). A run that names a fix never fitted
+for its checkpoint is refused with the ``ncdlr evaluate`` command that fits it.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import numpy as np
 import torch
 
 from ncdlr.data.predictions import TOP, PredictionRows
+from ncdlr.methods import PosthocFix
 
 from .config import ConfigError
-from .trained_run import TrainedRun, check_table_fits, image_input, image_model, open_run, table_model
+from .trained_run import (TrainedRun, check_table_fits, image_input, image_model, open_run, posthoc_fix, table_model,
+                          with_fix)
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +179,15 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
 
     run = open_run(run_dir, checkpoint)
     kind = data_kind(data_uri, endpoint_url)
+    fix = posthoc_fix(run)  # a fix the run names but never fitted is refused before any work
     metadata = {"run": str(run.run_dir.absolute()), "checkpoint": run.checkpoint, "data": data_uri, "kind": kind,
                 "split": split if kind != "images" else "", "num_known": run.num_known,
-                "num_classes": run.num_classes, "keys": run.keys(), "embeddings": embeddings}
+                "num_classes": run.num_classes, "keys": run.keys(), "embeddings": embeddings,
+                "posthoc": run.cfg.method.posthoc}
     old = read_metadata(out_uri, endpoint_url)
-    changed = {k: (old.get(k), metadata[k]) for k in ("run", "checkpoint", "data", "split", "embeddings")
-               if old and old.get(k) != metadata[k]}
+    changed = {k: (old.get(k, "none" if k == "posthoc" else None), metadata[k])
+               for k in ("run", "checkpoint", "data", "split", "embeddings", "posthoc")
+               if old and old.get(k, "none" if k == "posthoc" else None) != metadata[k]}
     if changed:
         raise ConfigError(f"{out_uri} already holds predictions made otherwise "
                           f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
@@ -185,9 +196,9 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
     writer = _Writer(out_uri, run.num_known, run.names(), metadata, rows_per_part, endpoint_url)
     start = time.perf_counter()
     if kind == "table":
-        _predict_table(run, data_uri, split, writer, done, embeddings, batch_size, endpoint_url)
+        _predict_table(run, fix, data_uri, split, writer, done, embeddings, batch_size, endpoint_url)
     else:
-        _predict_images(run, kind, data_uri, split, writer, done, embeddings=embeddings, batch_size=batch_size,
+        _predict_images(run, fix, kind, data_uri, split, writer, done, embeddings=embeddings, batch_size=batch_size,
                         num_actors=num_actors, threads=threads, use_gpu=use_gpu, endpoint_url=endpoint_url,
                         progress=progress)
     writer.flush()
@@ -210,7 +221,8 @@ def _rows_from(batch: dict, valid: np.ndarray, embeddings: bool) -> PredictionRo
         embedding=np.asarray(batch["embedding"])[valid] if embeddings else None)
 
 
-def _predict_images(run: TrainedRun, kind: str, data_uri: str, split: str, writer: _Writer, done: set[str], *,
+def _predict_images(run: TrainedRun, fix: PosthocFix, kind: str, data_uri: str, split: str, writer: _Writer,
+                    done: set[str], *,
                     embeddings: bool, batch_size: int, num_actors: int, threads: int, use_gpu: bool,
                     endpoint_url: str | None, progress: bool) -> None:
     import ray
@@ -244,7 +256,7 @@ def _predict_images(run: TrainedRun, kind: str, data_uri: str, split: str, write
         todo = [n for n in names if n not in done]
         total = len(names)
         streams = [read_images(data_uri, todo, endpoint_url, files_per_block=batch_size)] if todo else []
-    model_ref = ray.put(image_model(run))
+    model_ref = ray.put(with_fix(image_model(run), fix))
     bar = tqdm(total=total, initial=min(len(done), total), unit="img", desc="predict", disable=not progress,
                mininterval=2.0)
     for stream in streams:
@@ -263,7 +275,8 @@ def _predict_images(run: TrainedRun, kind: str, data_uri: str, split: str, write
     bar.close()
 
 
-def _predict_table(run: TrainedRun, data_uri: str, split: str, writer: _Writer, done: set[str], embeddings: bool,
+def _predict_table(run: TrainedRun, fix: PosthocFix, data_uri: str, split: str, writer: _Writer, done: set[str],
+                   embeddings: bool,
                    batch_size: int, endpoint_url: str | None) -> None:
     from ncdlr.data.features import first_view, read_feature_table, read_metadata
 
@@ -271,7 +284,7 @@ def _predict_table(run: TrainedRun, data_uri: str, split: str, writer: _Writer, 
     table = read_feature_table(data_uri, None if split == "all" else [split], endpoint_url=endpoint_url)
     if split != "all" and split not in table.features:
         raise ConfigError(f"{data_uri} has no rows in split {split!r} (it has {sorted(table.features)})")
-    model = table_model(run)
+    model = with_fix(table_model(run), fix)
     for name in sorted(table.features):
         x, labels = table.features[name], table.labels[name].numpy()
         ids = table.source_ids.get(name) or [f"{name}/{i}" for i in range(len(labels))]

@@ -147,6 +147,43 @@ class _EmbedThenHead(nn.Module):
         return self.model.class_prototypes()
 
 
+class _Fixed(nn.Module):
+    """A run's model whose scores pass through its fitted post-hoc fix (``logits(z)`` = the fix applied to the
+    model's cosines; ``forward`` and the prototypes unchanged)."""
+
+    def __init__(self, model: nn.Module, fix):
+        super().__init__()
+        self.model, self.fix = model, fix
+        self.num_known, self.num_novel = model.num_known, model.num_novel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def logits(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fix.apply(z, self.model.logits(z))
+
+    def class_prototypes(self) -> torch.Tensor:
+        return self.model.class_prototypes()
+
+
+def posthoc_fix(run: TrainedRun):
+    """The run's ``method.posthoc`` fix (:class:`ncdlr.methods.PosthocFix`, fitted when the run was evaluated:
+    :mod:`ncdlr.service.fitted_fix`); the identity fix for ``none``.
+
+    Raises :class:`RunError` when the run names a fix that was never fitted for its checkpoint."""
+    from .fitted_fix import load_fix
+
+    try:
+        return load_fix(run.run_dir, run.cfg.method.posthoc, run.checkpoint)
+    except FileNotFoundError as err:
+        raise RunError(str(err)) from None
+
+
+def with_fix(model: nn.Module, fix) -> nn.Module:
+    """``model`` with ``fix`` on its scores (``logits``); ``model`` itself for the identity fix."""
+    return model if fix.kind == "none" else _Fixed(model, fix).eval()
+
+
 @dataclass(frozen=True)
 class ImageInput:
     """How images must be prepared for :func:`image_model`: the eval crop side (px) and the pixel scaling."""

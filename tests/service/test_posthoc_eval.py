@@ -107,3 +107,19 @@ def test_cli_evaluate_posthoc(tiny_run, capsys):
     with pytest.raises(SystemExit) as err:
         cli_main(["evaluate", str(tiny_run), "--posthoc", "lacrt"])
     assert err.value.code == 2
+
+
+@pytest.mark.parametrize("kind", ["none", "la", "crt", "la+crt"])
+def test_a_fitted_fix_applies_to_new_rows_as_the_scores_on_the_test_rows_and_survives_a_round_trip(kind):
+    """:func:`fit_posthoc` once on the training rows, then :meth:`PosthocFix.apply` to any rows: the same scores as
+    :func:`posthoc_scores`, also after ``state`` / ``from_state`` (what ``ncdlr predict`` reads back)."""
+    from ncdlr.methods import PosthocFix, fit_posthoc
+
+    z_test, logits, z_known, y_known, z_novel, novel_logits, protos = _inputs()
+    fix = fit_posthoc(kind, z_known, y_known, z_novel, novel_logits, protos, crt_epochs=2)
+    direct = posthoc_scores(kind, z_test, logits, z_known, y_known, z_novel, novel_logits, protos, crt_epochs=2)
+    assert torch.allclose(fix.apply(z_test, logits), direct)
+    again = PosthocFix.from_state(fix.state())
+    assert torch.allclose(again.apply(z_test[:4], logits[:4]), direct[:4])
+    with pytest.raises(ValueError, match="not a post-hoc fix"):
+        PosthocFix.from_state({**fix.state(), "kind": "lacrt"})

@@ -173,6 +173,37 @@ def test_a_feature_table_run_predicts_its_own_table_as_evaluate_does(tmp_path):
     assert [p for _, p in by_row] == expected and meta["kind"] == "table"
 
 
+@pytest.mark.parametrize("kind", ["la", "la+crt"])
+def test_a_run_with_a_post_hoc_fix_predicts_through_the_fix_its_evaluation_fitted(tmp_path, kind):
+    """``method.posthoc``: evaluation fits the fix on the training rows and keeps it beside the run; predict
+    applies it, so its predictions over the test rows are the fixed ones evaluate scored, not the plain argmax."""
+    run, _ = make_run_dir(tmp_path, method={"posthoc": kind, "crt_epochs": 2})
+    metrics = evaluate_run(run)
+    assert metrics["posthoc"] == kind and (run / f"posthoc-{kind}.pt").is_file()
+    expected = pq.read_table(run / "predictions.parquet").column("y_pred").to_pylist()
+    predict_run(str(run), str(tmp_path / "features.parquet"), str(tmp_path / "pred"), split="test", progress=False)
+    table, meta = read_predictions(str(tmp_path / "pred"))
+    by_row = sorted(zip(table.column("source_id").to_pylist(), table.column("pred").to_pylist()),
+                    key=lambda r: int(r[0].split("/")[1]))
+    assert [p for _, p in by_row] == expected and meta["posthoc"] == kind
+    plain = evaluate_run(run, posthoc="none")  # the fix moves some test rows, so the check above can fail
+    assert metrics["without_posthoc_all"] == pytest.approx(plain["all"])
+    assert pq.read_table(run / "predictions.parquet").column("y_pred").to_pylist() != expected
+
+
+def test_a_run_whose_post_hoc_fix_was_never_fitted_for_its_checkpoint_is_refused_with_the_command_that_fits_it(
+        tmp_path):
+    run, _ = make_run_dir(tmp_path, method={"posthoc": "la"})
+    with pytest.raises(RunError, match=r"never fitted \(posthoc-la.pt missing\): `ncdlr evaluate .* --posthoc la`"):
+        predict_run(str(run), str(tmp_path / "features.parquet"), str(tmp_path / "pred"), progress=False)
+    evaluate_run(run)
+    fix = torch.load(run / "posthoc-la.pt", weights_only=True)
+    torch.save({**fix, "checkpoint": "/elsewhere/checkpoint"}, run / "posthoc-la.pt")
+    with pytest.raises(RunError, match="was fitted for checkpoint '/elsewhere/checkpoint'"):
+        predict_run(str(run), str(tmp_path / "features.parquet"), str(tmp_path / "pred"), progress=False)
+    assert not (tmp_path / "pred").exists()  # refused before anything is written
+
+
 # ---- bad input: each a clear message, nothing written ------------------------------------------------------
 
 
