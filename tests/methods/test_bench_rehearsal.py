@@ -18,3 +18,4 @@ def test_the_smoke_run_prices_the_pool_score_against_the_training_in_one_json_li
     assert line["dataset"] == "synthetic" and line["pool_rows"] > 0 and line["val_rows"] > 0
     assert line["train_s"] > 0 and line["pool_score_s"] > 0 and 0 <= line["val"] <= 1 and 0 <= line["pool"] <= 1
     assert line["pool_cost"] >= 0 and line["threads"] == 1  # a ratio, not a timing check
+    assert line["la_pool_score_s"] > 0 and line["la_cost"] >= 0 and 0 <= line["la_pool"] <= 1  # +LA: a scoring
