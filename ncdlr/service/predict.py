@@ -185,9 +185,9 @@ def predict_run(run_dir: str, data_uri: str, out_uri: str, *, split: str = "test
                 "num_classes": run.num_classes, "keys": run.keys(), "embeddings": embeddings,
                 "posthoc": run.cfg.method.posthoc}
     old = read_metadata(out_uri, endpoint_url)
-    changed = {k: (old.get(k, "none" if k == "posthoc" else None), metadata[k])
-               for k in ("run", "checkpoint", "data", "split", "embeddings", "posthoc")
-               if old and old.get(k, "none" if k == "posthoc" else None) != metadata[k]}
+    old = {"posthoc": "none", **old} if old else old  # folders written before the fix was recorded had none
+    changed = {k: (old.get(k), metadata[k]) for k in ("run", "checkpoint", "data", "split", "embeddings", "posthoc")
+               if old and old.get(k) != metadata[k]}
     if changed:
         raise ConfigError(f"{out_uri} already holds predictions made otherwise "
                           f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "

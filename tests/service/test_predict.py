@@ -204,6 +204,21 @@ def test_a_run_whose_post_hoc_fix_was_never_fitted_for_its_checkpoint_is_refused
     assert not (tmp_path / "pred").exists()  # refused before anything is written
 
 
+def test_a_prediction_folder_made_without_the_fix_is_not_resumed_with_it(tmp_path):
+    """Rows predicted plain and rows predicted through +LA never mix in one folder: the resume check names the fix."""
+    from ncdlr.service.config import load_yaml
+
+    run, _ = make_run_dir(tmp_path)
+    out, table = str(tmp_path / "pred"), str(tmp_path / "features.parquet")
+    predict_run(str(run), table, out, progress=False)
+    cfg = load_yaml(run / "config.yaml")
+    cfg.method.posthoc = "la"
+    save_config(cfg, run / "config.yaml")
+    evaluate_run(run)  # fits the fix for the run's checkpoint
+    with pytest.raises(ConfigError, match="posthoc: 'none' there, 'la' now"):
+        predict_run(str(run), table, out, progress=False)
+
+
 # ---- bad input: each a clear message, nothing written ------------------------------------------------------
 
 
