@@ -60,7 +60,8 @@ def pad_novel(q: Tensor, num_known: int) -> Tensor:
 
 #: ncdlr's loss options a dataset config may set (the known-vs-novel term, the class-balanced known loss), at their
 #: off values: the baselines as published train without them, so they undo a file's values (``Method.file_resets``)
-NCDLR_LOSS_OPTIONS: Mapping[str, object] = MappingProxyType({"method.task_weight": 0.0, "method.known_reweight": 0.0})
+NCDLR_LOSS_OPTIONS: Mapping[str, object] = MappingProxyType({"method.task_weight": 0.0, "method.known_reweight": 0.0,
+                                                                     "method.novel_reweight": 0.0})
 
 
 class Method(abc.ABC):
@@ -97,11 +98,17 @@ class Method(abc.ABC):
             raise MethodConfigError(f"method.task_weight must be >= 0, got {cfg.task_weight}")
         if not cfg.known_reweight >= 0:
             raise MethodConfigError(f"method.known_reweight must be >= 0, got {cfg.known_reweight}")
+        if not cfg.novel_reweight >= 0:
+            raise MethodConfigError(f"method.novel_reweight must be >= 0, got {cfg.novel_reweight}")
         self.loss = loss
         self.known_loss_kind = known
         self.temperature = cfg.temperature
         self.task_weight = cfg.task_weight
         self.known_reweight = cfg.known_reweight
+        self.novel_reweight = cfg.novel_reweight
+        #: ``[Ku]`` rows per cluster in the solve(s) of the last :meth:`novel_targets` (``method.novel_reweight`` > 0:
+        #: the methods that label through :class:`~ncdlr.methods.discovery.Discovery` set it), or None
+        self.novel_sizes: Tensor | None = None
         #: ``[Ks]`` weights of the known classes' rows in :meth:`known_loss` (:meth:`weigh_known_classes`), or None
         self.known_class_weights: Tensor | None = None
         self.labeler = labeler
@@ -184,13 +191,27 @@ class Method(abc.ABC):
         targets, times = self.novel_targets(views[0], z1[0], z2[0], valid, step)
         return [targets], times
 
+    def novel_row_weights(self, q: Tensor) -> Tensor | None:
+        """``[n]`` loss weights of unlabelled rows with soft targets ``q [n, Ku]`` under ``method.novel_reweight`` (r):
+        ``Σ_k q_ik s_k^(−r)`` with ``s`` the clusters' sizes in the solve that labelled them (:attr:`novel_sizes`,
+        through :func:`ncdlr.losses.class_balance_weights`: a cluster under one row counts as one); None at r = 0."""
+        if self.novel_reweight <= 0:
+            return None
+        if self.novel_sizes is None:
+            raise MethodConfigError(f"method.novel_reweight > 0 weighs the unlabelled rows by their clusters' sizes in "
+                                    f"the solve, which method {self.name!r} does not report")
+        return q @ class_balance_weights(self.novel_sizes, self.novel_reweight).to(q.device)
+
     def novel_loss(self, model: PrototypeModel, z1: Tensor, z2: Tensor, targets: Tensor, valid: Tensor) -> Tensor:
         """Scalar unsupervised loss of the valid novel rows given :meth:`novel_targets`' output; by default the
-        swapped prediction ``½ (loss(z_2, q_1) + loss(z_1, q_2))`` with soft ``targets [2, B, Ku]``."""
+        swapped prediction ``½ (loss(z_2, q_1) + loss(z_1, q_2))`` with soft ``targets [2, B, Ku]``, each term's rows
+        weighted by their target's cluster size when ``method.novel_reweight`` > 0 (:meth:`novel_row_weights`)."""
         prototypes = model.class_prototypes()
         q = targets.to(z1.device)
+        w1, w2 = (self.novel_row_weights(q[v][valid]) for v in (0, 1))
         q1, q2 = (pad_novel(q[v][valid], model.num_known) for v in (0, 1))
-        return 0.5 * (self.prototype_loss(z2[valid], prototypes, q1) + self.prototype_loss(z1[valid], prototypes, q2))
+        return 0.5 * (self.prototype_loss(z2[valid], prototypes, q1, weights=w1)
+                      + self.prototype_loss(z1[valid], prototypes, q2, weights=w2))
 
     def predict_logits(self, model: PrototypeModel, z: Tensor) -> Tensor:
         """``[N, K]`` cosines ``z·p_k`` (argmax over all K = the task-agnostic prediction)."""

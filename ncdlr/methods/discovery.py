@@ -52,16 +52,23 @@ class Discovery:
         buffer: the shared history (None → buffer off: solve on the gathered batch only).
         gather: the all-gather of the ranks (:func:`single_process` when alone).
         rank: this rank's index in the gathered order.
+        sizes: also record :attr:`last_sizes`, the clusters' sizes in each solve (``method.novel_reweight``); the
+            labeler then returns the labels of every row of the problem (one more ``[N, Ku]`` pass), not only the
+            batch's, and the batch's labels are the same.
     """
 
     def __init__(self, labelers: AdaptiveSelfLabeler | Sequence[AdaptiveSelfLabeler], buffer: SharedBuffer | None = None,
-                 gather: Gather = single_process, rank: int = 0):
+                 gather: Gather = single_process, rank: int = 0, sizes: bool = False):
         self.labelers = [labelers] if isinstance(labelers, AdaptiveSelfLabeler) else list(labelers)
         if not self.labelers:
             raise ValueError("discovery needs at least one labeler")
         self.buffer = buffer
         self.gather = gather
         self.rank = rank
+        self.sizes = sizes
+        #: ``[H·Ku]`` rows per cluster (column sums of the soft labels) over the last solve's whole problem (history +
+        #: gathered rows; identical on every rank), when ``sizes`` is on; None before the first call
+        self.last_sizes: Tensor | None = None
 
     @property
     def labeler(self) -> AdaptiveSelfLabeler:
@@ -100,7 +107,12 @@ class Discovery:
         problem = self.buffer.history_plus(step, new_rows) if self.buffer is not None else new_rows
         _settle(novel_scores.device)
         t1 = time.perf_counter()
-        labels = self._solve(problem.to(novel_scores.device), last=new_rows.shape[0])
+        if self.sizes:
+            labels = self._solve(problem.to(novel_scores.device), last=None)
+            self.last_sizes = labels.sum(0)
+            labels = labels[labels.shape[0] - new_rows.shape[0]:]
+        else:
+            labels = self._solve(problem.to(novel_scores.device), last=new_rows.shape[0])
         t2 = time.perf_counter()
         if self.buffer is not None:
             self.buffer.commit(step, new_rows)

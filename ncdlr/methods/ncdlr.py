@@ -33,14 +33,15 @@ class NCDLR(Method):
         super().__init__(cfg, labeler)
         self.extra_labelers.extend(extra_labelers or [])
         self._use_buffer = use_buffer
-        self.discovery = Discovery(self.labelers)
+        self.discovery = Discovery(self.labelers, sizes=self.novel_reweight > 0)
 
     @property
     def uses_buffer(self) -> bool:
         return self._use_buffer
 
     def connect(self, *, buffer: SharedBuffer | None = None, gather: Gather = single_process, rank: int = 0) -> None:
-        self.discovery = Discovery(self.labelers, buffer if self._use_buffer else None, gather, rank)
+        self.discovery = Discovery(self.labelers, buffer if self._use_buffer else None, gather, rank,
+                                   sizes=self.novel_reweight > 0)
 
     def novel_targets(self, model: PrototypeModel, z1: Tensor, z2: Tensor, valid: Tensor, step: int):
         """``[2, B, Ku]`` detached soft labels (view 1, view 2); invalid rows are zeros."""
@@ -55,4 +56,5 @@ class NCDLR(Method):
             pu = view.class_prototypes()[:, view.num_known:]
             scores.append(torch.stack([z1[h] @ pu, z2[h] @ pu]))
         q, times = self.discovery(torch.cat(scores, dim=2).detach(), valid, step)
+        self.novel_sizes = self.discovery.last_sizes  # [H·Ku] with sizes on (one head: method.novel_reweight), else None
         return list(q.chunk(len(views), dim=2)), times

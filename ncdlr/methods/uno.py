@@ -41,10 +41,10 @@ class UNO(Method):
                  extra_labelers: list[AdaptiveSelfLabeler] | None = None):
         super().__init__(cfg, balanced)
         self.extra_labelers.extend(extra_labelers or [])
-        self.discovery = Discovery(self.labelers)
+        self.discovery = Discovery(self.labelers, sizes=self.novel_reweight > 0)
 
     def connect(self, *, buffer: SharedBuffer | None = None, gather: Gather = single_process, rank: int = 0) -> None:
-        self.discovery = Discovery(self.labelers, None, gather, rank)
+        self.discovery = Discovery(self.labelers, None, gather, rank, sizes=self.novel_reweight > 0)
 
     @staticmethod
     def check_model(model: PrototypeModel) -> None:
@@ -63,10 +63,13 @@ class UNO(Method):
         for view in views:
             self.check_model(view)
             pus.append(view.class_prototypes()[:, view.num_known:])
-        out, times = [], {"exchange": 0.0, "ot": 0.0}
+        out, times, sizes = [], {"exchange": 0.0, "ot": 0.0}, []
         for z in (z1, z2):
             scores = torch.cat([z[h] @ pu for h, pu in enumerate(pus)], dim=1).detach()
             q, t = self.discovery(scores[None], valid, step)
             out.append(q[0])
             times = {k: times[k] + t[k] for k in times}
+            sizes.append(self.discovery.last_sizes)
+        # each view is its own solve: with method.novel_reweight, a cluster's size is its rows over both solves
+        self.novel_sizes = None if sizes[0] is None else sizes[0] + sizes[1]
         return list(torch.stack(out).chunk(len(views), dim=2)), times

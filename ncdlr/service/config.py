@@ -207,7 +207,8 @@ _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_ex
                               "labeler.relax_after_epochs": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
                               "optim.average_epochs": 0.0, "model.heads": 1,
-                              "method.task_weight": 0.0, "method.known_reweight": 0.0}  #: numeric keys with a lower bound
+                              "method.task_weight": 0.0, "method.known_reweight": 0.0,
+                              "method.novel_reweight": 0.0}  #: numeric keys with a lower bound
 
 
 def _as_share(text: str) -> float:
@@ -341,6 +342,11 @@ def resolve(settings: list[Setting]) -> Config:
     if cfg.method.known_reweight > 0 and cfg.optim.mixup > 0:
         raise ConfigError("method.known_reweight > 0 does not combine with optim.mixup yet (the mixed rows' known term "
                           "would stay unweighted); set one of them back (known_reweight 0 or mixup 0)")
+    if cfg.method.novel_reweight > 0 and (cfg.method.name == "autonovel" or cfg.model.heads > 1 or cfg.optim.mixup > 0):
+        raise ConfigError(f"method.novel_reweight > 0 weighs the pseudo-labelled rows by their clusters' sizes in one "
+                          f"head's solve: it needs a self-labeling method (ncdlr or uno), model.heads 1 and "
+                          f"optim.mixup 0; got method {cfg.method.name!r}, heads {cfg.model.heads}, "
+                          f"mixup {cfg.optim.mixup:g}")
     if cfg.model.heads > 1 and cfg.optim.mixup > 0:
         raise ConfigError("model.heads > 1 does not combine with optim.mixup yet; set one of them back (heads 1 or "
                           "mixup 0)")

@@ -121,11 +121,12 @@ def cluster_sizes_phrase(labeler: AdaptiveSelfLabeler | None, relax_after_epochs
     return f"sizes held at the {kind} prior"
 
 
-def loss_options_phrase(task_weight: float, known_reweight: float) -> str:
+def loss_options_phrase(task_weight: float, known_reweight: float, novel_reweight: float = 0.0) -> str:
     """The method's optional loss terms that are on, for the run's first line (``method.task_weight``,
-    ``method.known_reweight``); "" when both are off (the paper's loss)."""
+    ``method.known_reweight``, ``method.novel_reweight``); "" when all are off (the paper's loss)."""
     parts = ([f"known-vs-novel term {task_weight:g}"] if task_weight > 0 else []) + (
-        [f"known rows weighted by class count^-{known_reweight:g}"] if known_reweight > 0 else [])
+        [f"known rows weighted by class count^-{known_reweight:g}"] if known_reweight > 0 else []) + (
+        [f"novel rows weighted by cluster size^-{novel_reweight:g}"] if novel_reweight > 0 else [])
     return ", ".join(parts)
 
 
@@ -168,7 +169,8 @@ class EpochLog:
         if self.active:
             what = "resuming after" if state.epoch else "starting at"
             phrases = [cluster_sizes_phrase(state.labeler, self.cfg.labeler.relax_after_epochs),
-                       loss_options_phrase(self.cfg.method.task_weight, self.cfg.method.known_reweight)]
+                       loss_options_phrase(self.cfg.method.task_weight, self.cfg.method.known_reweight,
+                                           self.cfg.method.novel_reweight)]
             self.say("line", f"[ncdlr] {world} worker(s) on {state.device.type}, {self.steps_per_epoch or '?'} steps per "
                              f"epoch, {what} epoch {state.epoch}/{self.cfg.optim.epochs}; method "
                              f"{self.cfg.method.name}, {state.model.num_novel} novel clusters"

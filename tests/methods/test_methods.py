@@ -67,10 +67,13 @@ def tiny_config(method: str, **labeler) -> Config:
 
 
 @pytest.mark.parametrize("method, labeler", [("ncdlr", {}), ("ncdlr", {"prior": "bounded", "max_imbalance": 6.0}),
+                                             ("ncdlr", {"prior": "uniform", "reg_m": 0.45, "novel_reweight": 1.0}),
                                              ("uno", {}), ("autonovel", {})])
 def test_each_method_trains_on_a_tiny_table_and_beats_chance(method, labeler):
     splits = tiny_table()
-    run = train(tiny_config(method, **labeler), splits)
+    cfg = tiny_config(method, **{k: v for k, v in labeler.items() if k != "novel_reweight"})
+    cfg.method.novel_reweight = labeler.get("novel_reweight", 0.0)  # a method key beside the labeler's
+    run = train(cfg, splits)
     results = evaluate(run, splits, posthoc=("none", "la", "crt"), crt_epochs=3)
     for posthoc, metrics in results.items():
         assert metrics["known"] > 0.9, (posthoc, metrics)
@@ -353,3 +356,84 @@ def test_known_reweight_weighs_each_labelled_row_by_its_class_count_and_needs_th
         load_config(None, ["--method.known_reweight", "-0.5"])
     with pytest.raises(ConfigError, match="optim.mixup"):
         load_config(None, ["--method.known_reweight", "1", "--optim.mixup", "0.4"])
+
+
+def test_novel_reweight_weighs_each_pseudo_labelled_row_by_its_clusters_size_in_the_solve():
+    """``method.novel_reweight r``: the discovery step records each cluster's rows in the solve (the soft labels'
+    column sums over buffer history + batch) and the batch's labels stay those of the plain step; the swapped loss is
+    ``½ Σ_v Σ w l / Σ w`` with ``w_i = Σ_k q_ik s_k^-r`` (a cluster under one row counts as one), computed here from
+    the labeler's own full solve; r = 0 records nothing and is the plain mean."""
+    from ncdlr.buffer import LocalBuffer
+
+    g = torch.Generator().manual_seed(5)
+    history = torch.nn.functional.normalize(torch.randn(40, DIM, generator=g), dim=1)
+    z1, z2 = (torch.nn.functional.normalize(torch.randn(6, DIM, generator=g), dim=1) for _ in range(2))
+    valid = torch.tensor([True, True, False, True, True, True])
+    pu = EtfModel.prototypes[:, KS:]
+    made = {}
+    for r in (0.0, 1.0):
+        cfg = load_config(None, ["--labeler.prior", "uniform", "--labeler.reg_m", "0.45",
+                                 "--method.novel_reweight", str(r)])
+        method = build_method(cfg.method, cfg.labeler, KU)
+        buffer = LocalBuffer(capacity=40, num_clusters=KU)
+        buffer.history_plus(0, history @ pu)
+        method.connect(buffer=buffer)
+        made[r] = (method, *method.novel_targets(EtfModel(), z1, z2, valid, step=1))
+    (plain, q_plain, _), (weighted, q, _) = made[0.0], made[1.0]
+    assert plain.novel_sizes is None
+    torch.testing.assert_close(q, q_plain)
+    twin = LocalBuffer(capacity=40, num_clusters=KU)  # the solve's problem: the history, then both views' valid rows
+    twin.history_plus(0, history @ pu)
+    scores = twin.history_plus(1, torch.cat([z1[valid], z2[valid]]) @ pu)
+    reference = AdaptiveSelfLabeler(KU, prior="uniform", reg_m=0.45)(scores)
+    sizes = reference.sum(0)
+    torch.testing.assert_close(weighted.novel_sizes, sizes)
+    assert sizes.max() / sizes.min() > 1.2  # relaxed sizes differ, so the weights matter
+    per_cluster = 1.0 / sizes.clamp(min=1.0)
+
+    def swapped_term(z, target):  # Σ w l / Σ w over the valid rows, w = target's clusters' 1/size
+        w = target @ per_cluster
+        per_row = (target * ((z[:, :, None] - pu[None]) ** 2).sum(1)).sum(1)
+        return (w * per_row).sum() / w.sum()
+
+    expected = 0.5 * (swapped_term(z2[valid], q[0][valid]) + swapped_term(z1[valid], q[1][valid]))
+    got = weighted.novel_loss(EtfModel(), z1, z2, q, valid)
+    assert got == pytest.approx(float(expected), rel=1e-5)
+    assert got != pytest.approx(float(plain.novel_loss(EtfModel(), z1, z2, q, valid)), rel=1e-3)
+
+
+def test_novel_reweight_on_uno_counts_both_views_solves_and_is_reset_by_a_dataset_file(tmp_path):
+    """UNO solves each view's batch on its own: a cluster's size is its rows over both solves. From a dataset file
+    the option is one of ncdlr's loss options a baseline does not take (given on the command line it applies)."""
+    g = torch.Generator().manual_seed(6)
+    z1, z2 = (torch.nn.functional.normalize(torch.randn(8, DIM, generator=g), dim=1) for _ in range(2))
+    valid = torch.ones(8, dtype=torch.bool)
+    cfg = load_config(None, ["--method.name", "uno", "--method.novel_reweight", "1"])
+    uno = build_method(cfg.method, cfg.labeler, KU)
+    p = torch.nn.functional.normalize(torch.randn(DIM, KS + KU, generator=g), dim=0)
+
+    class Learnable(EtfModel):
+        learnable_prototypes = True
+
+        def class_prototypes(self):
+            return p
+
+    q, _ = uno.novel_targets(Learnable(), z1, z2, valid, step=0)
+    torch.testing.assert_close(uno.novel_sizes, q[0].sum(0) + q[1].sum(0))
+    config = tmp_path / "dataset.yaml"
+    config.write_text("method:\n  novel_reweight: 1\n")
+    assert load_config(config, ["--method.name", "uno"]).method.novel_reweight == 0.0
+    assert load_config(config, []).method.novel_reweight == 1.0
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--method.novel_reweight", "-1"], "method.novel_reweight"),
+    (["--method.novel_reweight", "1", "--method.name", "autonovel"], "autonovel"),
+    (["--method.novel_reweight", "1", "--model.heads", "2"], "heads 2"),
+    (["--method.novel_reweight", "1", "--optim.mixup", "0.4"], "mixup 0.4"),
+])
+def test_novel_reweight_refuses_what_has_no_one_solve_of_cluster_sizes(args, match):
+    """Refused before training, naming the key: a negative power; AutoNovel (no clusters solved); several heads (the
+    loss would weigh every head by head 0's sizes); mixup (the mixed rows' novel term would stay unweighted)."""
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, args)

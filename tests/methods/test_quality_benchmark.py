@@ -241,6 +241,21 @@ def test_the_task_and_balance_variant_is_the_configs_setting_with_both_known_sid
     assert (cfg.labeler.prior, cfg.labeler.reg_m) == ("uniform", quality.RELAX_REG_M)
 
 
+def test_the_novel_balance_variant_is_the_configs_pair_with_only_the_novel_reweight_added():
+    """``ncdlr-uniform-relax-task-cb-nb`` (session 43): the config's pair and nothing else changed but
+    ``method.novel_reweight 1``; its method records the solve's cluster sizes (the pair's does not)."""
+    from ncdlr.methods import build_method
+
+    quality = load_benchmark("quality")
+    pair = quality.VARIANTS["ncdlr-uniform-relax-task-cb"]
+    assert quality.VARIANTS["ncdlr-uniform-relax-task-cb-nb"] == {**pair, "method": {**pair["method"], "novel_reweight": 1.0}}
+    built = {name: build_method(variant_config(quality, name).method, variant_config(quality, name).labeler, 5,
+                                known_counts=[30, 10])
+             for name in ("ncdlr-uniform-relax-task-cb", "ncdlr-uniform-relax-task-cb-nb")}
+    assert [m.discovery.sizes for m in built.values()] == [False, True]
+    assert built["ncdlr-uniform-relax-task-cb-nb"].novel_reweight == 1.0
+
+
 @pytest.mark.parametrize("what, challenger, variant", [("task", "uniform-relaxed-task", "ncdlr-uniform-relax-task"),
                                                       ("known-balance", "uniform-relaxed-cb", "ncdlr-uniform-relax-cb"),
                                                       ("task-balance", "uniform-relaxed-task-cb",

@@ -69,3 +69,4 @@ def test_the_first_line_names_the_optional_loss_terms_that_are_on():
     assert loss_options_phrase(1.0, 0.0) == "known-vs-novel term 1"
     assert loss_options_phrase(1.0, 1.0) == "known-vs-novel term 1, known rows weighted by class count^-1"
     assert loss_options_phrase(0.0, 0.5) == "known rows weighted by class count^-0.5"
+    assert loss_options_phrase(0.0, 0.0, 1.0) == "novel rows weighted by cluster size^-1"
