@@ -20,7 +20,8 @@ Validation protocol (never looks at novel labels; ncdlr.service.validation):
   score is the planted classes' mean F1 against the clusters of the whole pool (ncdlr.metrics.planted_f1; a split,
   a merge with an unlabeled class and a cluster that swallows the pool all lower it). It keeps the real
   problem's sizes, long tail and number of clusters, which a few known classes posed alone do not; it is the
-  rehearsal docs/tuning.md recommends for the cluster sizes (--reg-m 0 0.45).
+  rehearsal docs/tuning.md recommends for the cluster sizes (--reg-m 0 0.45). A config's post-hoc fix
+  (method.posthoc) is applied before scoring, fitted on the validation table's training rows.
 
 Each trial trains the real run's step: its whole batch (data.batch_size × run.num_workers) and its buffer are
 scaled by n'/n (the validation problem's novel rows over the table's, at most 1), as the in-process rehearsal

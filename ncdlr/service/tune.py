@@ -201,7 +201,10 @@ class ScoringRows:
     On a known-class problem, the validation table's held-out ``val`` rows, scored by
     :func:`~ncdlr.service.validation.validation_scores`. On a planted problem (``planted`` set: the table's
     :class:`~ncdlr.service.validation.ValidationSplit`), the ``novel`` training rows — the planted classes and the
-    real pool — scored by :func:`~ncdlr.service.validation.planted_scores`.
+    real pool — scored by :func:`~ncdlr.service.validation.planted_scores`. With a post-hoc fix (``posthoc``, the
+    trial's ``method.posthoc``), the table's known training rows with their labels and its novel training rows
+    (view 0) come along, and each checkpoint's predictions are those of the fix fitted on them (:meth:`predict`), as
+    the run's own evaluation would give.
     """
 
     features: torch.Tensor
@@ -210,15 +213,45 @@ class ScoringRows:
     num_novel: int
     train_counts: list[int]
     planted: ValidationSplit | None = None
+    posthoc: str = "none"
+    #: ``(known rows [Nk, ...], their labels [Nk], novel rows [Nu, ...])`` of the table (view 0), with a fix only
+    fit_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
-    def of(cls, splits: FeatureSplits) -> ScoringRows:
+    def of(cls, splits: FeatureSplits, posthoc: str = "none") -> ScoringRows:
         info = ValidationSplit(**splits.metadata["validation"]) if "validation" in splits.metadata else None
+        fit = None if posthoc == "none" else (first_view(splits.features["known"]), splits.labels["known"],
+                                              first_view(splits.features["novel"]))
         if info is not None and info.planted:
             return cls(first_view(splits.features["novel"]), splits.labels["novel"].numpy(), splits.num_known,
-                       splits.num_novel, splits.train_counts(), info)
+                       splits.num_novel, splits.train_counts(), info, posthoc, fit)
         return cls(first_view(splits.features[SCORING_SPLIT]), splits.labels[SCORING_SPLIT].numpy(), splits.num_known,
-                   splits.num_novel, splits.train_counts())
+                   splits.num_novel, splits.train_counts(), None, posthoc, fit)
+
+    def predict(self, model, cfg: Config) -> np.ndarray:
+        """``[n]`` predictions of the trained ``model`` for these rows (argmax over all K, on CPU), after the trial's
+        post-hoc fix when it has one (:func:`ncdlr.methods.fit_posthoc` on :attr:`fit_rows`; ``cfg``'s temperature,
+        cRT epochs and seed)."""
+        from ncdlr.methods import build_method, fit_posthoc
+
+        from .train_loop import predict
+
+        batches = list(self.features.split(cfg.data.eval_batch_size))
+        if self.posthoc == "none":
+            return predict(model, batches, torch.device("cpu"))
+        method = build_method(cfg.method, cfg.labeler, model.num_novel)
+        model.eval()
+
+        def embed(x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return torch.cat([model(part).float() for part in x.split(cfg.data.eval_batch_size)])
+
+        known, known_labels, novel = self.fit_rows
+        z, z_novel = embed(self.features), embed(novel)
+        fix = fit_posthoc(self.posthoc, embed(known), known_labels.long(), z_novel,
+                          method.predict_logits(model, z_novel)[:, self.num_known:], model.class_prototypes(),
+                          temperature=cfg.method.temperature, crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)
+        return fix.apply(z, method.predict_logits(model, z)).argmax(1).numpy()
 
     def scores(self, y_pred: np.ndarray) -> dict[str, float]:
         """The trial's score (and its parts) from its predictions ``[n]`` of these rows."""
@@ -249,7 +282,6 @@ class ValidationScoreCallback(UserCallback):
 
     def after_report(self, run_context, metrics, checkpoint):
         from .evaluate import load_trained_model
-        from .train_loop import predict
 
         row = dict(metrics[0])
         if checkpoint is not None:
@@ -258,8 +290,7 @@ class ValidationScoreCallback(UserCallback):
             rows = self._rows
             with checkpoint.as_directory() as directory:
                 model, _ = load_trained_model(self._cfg, directory, rows.num_known, rows.num_novel)
-            y_pred = predict(model, list(rows.features.split(self._cfg.data.eval_batch_size)), torch.device("cpu"))
-            row.update(rows.scores(y_pred))
+            row.update(rows.scores(rows.predict(model, self._cfg)))
             row[CHECKPOINT_PATH_KEY] = checkpoint.path  # as TuneReportCallback: Tune keeps the path
         self._results.put(row)
 
@@ -318,7 +349,7 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": settings.gpus_per_trial / workers} if use_gpu else {})}
     storage_fs, storage_path = ray_storage(settings.train_storage)
     results = Queue(maxsize=1, actor_options={"num_cpus": 0})
-    scoring = ValidationScoreCallback(cfg, ray.put(ScoringRows.of(data.features)), env, results)
+    scoring = ValidationScoreCallback(cfg, ray.put(ScoringRows.of(data.features, cfg.method.posthoc)), env, results)
     fit_reporting_to_tune(lambda: run_torch_trainer(
         cfg, data, _train_worker_in_trial,
         actor_name=f"buffer-tune-{trial_id}-{uuid.uuid4().hex[:6]}",

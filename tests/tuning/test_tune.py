@@ -148,3 +148,41 @@ def test_a_trial_is_scored_on_the_rows_its_problem_names(tmp_path, planted):
                 else validation_scores(rows.labels, guess, table.num_known, table.train_counts()))
     np.testing.assert_equal(rows.scores(guess), expected)  # NaN (a group with no class) equals NaN here
     assert 0.0 <= expected["score"] <= 1.0
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_trial_with_a_posthoc_fix_is_scored_through_it(tmp_path, planted):
+    """A trial of ``method.posthoc la`` (or ``la+crt``) is scored on the predictions its own evaluation would give: the
+    fix fitted on the table's known + novel training rows, then applied to the scored rows, equal to the in-memory
+    rehearsal's :func:`~ncdlr.service.local.fixed_scores`; without a fix no training rows travel and the plain argmax
+    is scored."""
+    import numpy as np
+
+    from ncdlr.data.features import read_feature_table, synthetic_features, write_feature_table
+    from ncdlr.service.config import load_config
+    from ncdlr.service.local import fixed_scores, train
+    from ncdlr.service.tune import ScoringRows
+    from ncdlr.service.validation import build_validation_table
+
+    x, y, s = synthetic_features(num_known=6, num_novel=6, dim=8, n_max=60, ratio=10, test_per_class=4, seed=2)
+    write_feature_table(str(tmp_path / "src.parquet"), x, y, s, num_known=6, num_novel=6,
+                        source_ids=[f"i{j}" for j in range(len(y))])
+    build_validation_table(str(tmp_path / "src.parquet"), str(tmp_path / "val.parquet"), planted=planted)
+    table = read_feature_table(str(tmp_path / "val.parquet"))
+    cfg = load_config(None, ["--optim.epochs", "2", "--model.head", "linear", "--data.batch_size", "16",
+                             "--labeler.buffer_size", "64", "--run.seed", "3"])
+    run = train(cfg, table)
+    plain = ScoringRows.of(table)
+    assert plain.fit_rows is None
+    np.testing.assert_array_equal(plain.predict(run.model, cfg), fixed_scores(run, table, plain.features)["none"]
+                                  .argmax(1).numpy())
+    changed = 0
+    for kind in ("la", "la+crt"):
+        cfg.method.posthoc = kind
+        rows = ScoringRows.of(table, kind)
+        expected = fixed_scores(run, table, rows.features, (kind,), temperature=cfg.method.temperature,
+                                crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)[kind].argmax(1).numpy()
+        got = rows.predict(run.model, cfg)
+        np.testing.assert_array_equal(got, expected)
+        changed += int((got != plain.predict(run.model, cfg)).sum())
+    assert changed > 0  # the fixes move some predictions here, so scoring the plain argmax would fail above
