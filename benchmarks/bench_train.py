@@ -20,6 +20,9 @@ synthetic long-tailed feature table, with one torch thread per worker:
   labeler each over ``H·Ku`` buffer columns), against the one-head plain loop of the same run.
 * **plain, task W** (``--task-weight W`` > 0): the plain loop with ``method.task_weight = W`` (the known-vs-novel
   cross-entropy on every row of both views), against the plain loop of the same run without it.
+* **plain, novel balance R** (``--novel-reweight R`` > 0): the plain loop with ``method.novel_reweight = R`` (the
+  unlabelled rows weighted by their clusters' sizes in the solve: the labeler returns all J rows' labels, one more
+  ``[J, Ku]`` pass), against the plain loop of the same run without it.
 
 Steps/s are measured inside the epoch (the last epoch; the first pays warm-up); the plain loop runs before
 and after the Ray runs and the faster of the two counts (the machine may be shared). Ray starts its worker
@@ -50,12 +53,13 @@ from ncdlr.service.local import local_state
 from ncdlr.service.train_loop import feature_batches, run_epoch, steps_per_epoch
 
 
-def make_config(args: argparse.Namespace, table: str, heads: int = 1, task_weight: float = 0.0) -> Config:
+def make_config(args: argparse.Namespace, table: str, heads: int = 1, task_weight: float = 0.0,
+                novel_reweight: float = 0.0) -> Config:
     cfg = Config()
     cfg.data.features, cfg.data.batch_size = table, args.batch_size
     cfg.model.encoder, cfg.model.head, cfg.model.feature_dim = "identity", "mlp", args.dim
     cfg.model.heads = heads
-    cfg.method.task_weight = task_weight
+    cfg.method.task_weight, cfg.method.novel_reweight = task_weight, novel_reweight
     cfg.labeler.gamma, cfg.labeler.buffer_size = 10.0, args.buffer
     cfg.optim.epochs, cfg.optim.warmup_epochs = args.epochs, 1
     cfg.run.evaluate, cfg.run.log_every, cfg.run.cpus_per_worker = False, 0, 1.0
@@ -104,6 +108,9 @@ def main() -> None:
     parser.add_argument("--task-weight", type=float, default=0.0,
                         help="W > 0: also time the plain loop with method.task_weight = W (the known-vs-novel term), "
                              "against the plain loop of this run without it")
+    parser.add_argument("--novel-reweight", type=float, default=0.0,
+                        help="R > 0: also time the plain loop with method.novel_reweight = R (the pseudo-cluster-"
+                             "balanced novel loss), against the plain loop of this run without it")
     parser.add_argument("--worker-niceness", type=int, default=0,
                         help="nice level of Ray's worker processes (Ray's default: 15). 0 = the plain loop's own "
                              "priority; at 15 a shared, loaded machine starves the Ray workers, not the plain loop")
@@ -134,10 +141,13 @@ def main() -> None:
         base = max(base, again, key=lambda m: m["steps_per_s"])
         heads = plain(make_config(args, table, args.heads)) if args.heads > 1 else None
         task = plain(make_config(args, table, task_weight=args.task_weight)) if args.task_weight > 0 else None
+        balance = (plain(make_config(args, table, novel_reweight=args.novel_reweight)) if args.novel_reweight > 0
+                   else None)
 
     rows = [("plain (1 process)", base, None), ("plain in Ray task", in_task, None), ("ray W=1", one, one_wall),
             ("ray W=2", two, two_wall)] + ([(f"plain, {args.heads} heads", heads, None)] if heads else []) \
-        + ([(f"plain, task {args.task_weight:g}", task, None)] if task else [])
+        + ([(f"plain, task {args.task_weight:g}", task, None)] if task else []) \
+        + ([(f"plain, balance {args.novel_reweight:g}", balance, None)] if balance else [])
     print(f"\n{'loop':<18} {'steps/s':>8} {'vs plain':>9} {'rows/s':>8} {'exchange':>9} {'OT':>6} {'data':>6} "
           f"{'actor wait/step':>16} {'fit wall s':>10}")
     for name, m, wall in rows:

@@ -236,7 +236,8 @@ def test_tiny_tune_run_on_s3_storage_completes_resumes_and_writes_a_config_the_t
 def test_a_planted_search_on_an_activation_cache_trains_the_last_block_in_its_trials(ray_local, tmp_path):
     """--problem planted end to end on a local Ray, on an activation cache: the validation table holds the pool, each
     trial trains tiny_cnn's last block and a linear head on the cached views with Ku' + Ku clusters and reports
-    the planted F1, and best.yaml carries the searched size relaxation."""
+    the planted F1 (through the config's post-hoc fix, here +LA, fitted on the cached training rows in the Train
+    callback), and best.yaml carries the searched size relaxation."""
     from ncdlr.data.features import read_feature_table
     from ncdlr.service.validation import read_validation_split
 
@@ -245,7 +246,7 @@ def test_a_planted_search_on_an_activation_cache_trains_the_last_block_in_its_tr
                  "--problem", "planted", "--pseudo-novel-fraction", "0.5", "--reg-m", "0", "0.45",
                  "--num-samples", "2", "--gamma-min", "1", "--gamma-max", "10", "--epochs", "2", "--batch-size", "4",
                  "--buffer-size", "16", "--warmup-epochs", "1", "--model.trainable_blocks", "1", "--model.head",
-                 "linear", "--max-concurrent", "2"]) == 0
+                 "linear", "--method.posthoc", "la", "--max-concurrent", "2"]) == 0
     search = json.loads((out / "search.json").read_text())
     assert len(search["trials"]) == 2
     assert all(0.0 <= t["score"] <= 1.0 and t["score_min"] <= t["score"] for t in search["trials"])
@@ -254,8 +255,8 @@ def test_a_planted_search_on_an_activation_cache_trains_the_last_block_in_its_tr
     assert split.planted and split.unlabeled_rows == 6
     assert read_feature_table(validation).num_novel == split.num_clusters == split.num_novel + 2
     trial_configs = list((out / "ray").rglob("run/config.yaml"))
-    assert trial_configs and all((load_config(p).model.encoder, load_config(p).model.trainable_blocks)
-                                 == ("tiny_cnn", 1) for p in trial_configs)
+    assert trial_configs and all((load_config(p).model.encoder, load_config(p).model.trainable_blocks,
+                                  load_config(p).method.posthoc) == ("tiny_cnn", 1, "la") for p in trial_configs)
     assert "score (planted F1)" in (out / "trials.md").read_text()
     best = load_config(out / "best.yaml")
     assert best.labeler.reg_m == search["best"]["reg_m"]
