@@ -220,13 +220,13 @@ class ScoringRows:
     @classmethod
     def of(cls, splits: FeatureSplits, posthoc: str = "none") -> ScoringRows:
         info = ValidationSplit(**splits.metadata["validation"]) if "validation" in splits.metadata else None
+        planted = info is not None and info.planted
+        rows = first_view(splits.features["novel" if planted else SCORING_SPLIT])
         fit = None if posthoc == "none" else (first_view(splits.features["known"]), splits.labels["known"],
-                                              first_view(splits.features["novel"]))
-        if info is not None and info.planted:
-            return cls(first_view(splits.features["novel"]), splits.labels["novel"].numpy(), splits.num_known,
-                       splits.num_novel, splits.train_counts(), info, posthoc, fit)
-        return cls(first_view(splits.features[SCORING_SPLIT]), splits.labels[SCORING_SPLIT].numpy(), splits.num_known,
-                   splits.num_novel, splits.train_counts(), None, posthoc, fit)
+                                              rows if planted else first_view(splits.features["novel"]))
+        labels = splits.labels["novel" if planted else SCORING_SPLIT].numpy()
+        return cls(rows, labels, splits.num_known, splits.num_novel, splits.train_counts(), info if planted else None,
+                   posthoc, fit)
 
     def predict(self, model, cfg: Config) -> np.ndarray:
         """``[n]`` predictions of the trained ``model`` for these rows (argmax over all K, on CPU), after the trial's
@@ -234,21 +234,18 @@ class ScoringRows:
         cRT epochs and seed)."""
         from ncdlr.methods import build_method, fit_posthoc
 
+        from .local import embed
         from .train_loop import predict
 
-        batches = list(self.features.split(cfg.data.eval_batch_size))
         if self.posthoc == "none":
-            return predict(model, batches, torch.device("cpu"))
+            return predict(model, list(self.features.split(cfg.data.eval_batch_size)), torch.device("cpu"))
         method = build_method(cfg.method, cfg.labeler, model.num_novel)
         model.eval()
-
-        def embed(x: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                return torch.cat([model(part).float() for part in x.split(cfg.data.eval_batch_size)])
-
         known, known_labels, novel = self.fit_rows
-        z, z_novel = embed(self.features), embed(novel)
-        fix = fit_posthoc(self.posthoc, embed(known), known_labels.long(), z_novel,
+        batch = cfg.data.eval_batch_size
+        z = embed(model, self.features, batch)
+        z_novel = z if novel is self.features else embed(model, novel, batch)  # a planted problem scores its pool
+        fix = fit_posthoc(self.posthoc, embed(model, known, batch), known_labels.long(), z_novel,
                           method.predict_logits(model, z_novel)[:, self.num_known:], model.class_prototypes(),
                           temperature=cfg.method.temperature, crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)
         return fix.apply(z, method.predict_logits(model, z)).argmax(1).numpy()
