@@ -92,10 +92,18 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
 @torch.no_grad()
 def embed(model, x: torch.Tensor, batch: int = 1024) -> torch.Tensor:
     """``[N, D]`` unit embeddings of a table's rows ``x``: features ``[N, d_in]`` or cached activations
-    ``[N, V, *shape]`` (view 0, :func:`~ncdlr.data.features.first_view`)."""
+    ``[N, V, *shape]`` (view 0, :func:`~ncdlr.data.features.first_view`, taken a batch at a time)."""
+    return embed_inputs(model, x, batch, view=first_view)
+
+
+@torch.no_grad()
+def embed_inputs(model, x: torch.Tensor, batch: int = 1024, view=None) -> torch.Tensor:
+    """``[N, D]`` unit embeddings of model inputs ``x [N, *input]`` — rows already at one view (features
+    ``[N, d_in]``, activations ``[N, *shape]``), e.g. :func:`~ncdlr.data.features.first_view`'s output, which must
+    not be taken again (an activation row has no view axis left); ``view`` maps each batch first (:func:`embed`)."""
     if not len(x):
         return torch.zeros(0, model.head.out_dim)
-    return torch.cat([model(first_view(part)).float() for part in x.split(batch)])
+    return torch.cat([model(part if view is None else view(part)).float() for part in x.split(batch)])
 
 
 def fixed_scores(run: TrainedRun, splits, x: torch.Tensor, kinds: tuple[str, ...] = ("none",),

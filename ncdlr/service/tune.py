@@ -234,7 +234,7 @@ class ScoringRows:
         cRT epochs and seed)."""
         from ncdlr.methods import build_method, fit_posthoc
 
-        from .local import embed
+        from .local import embed_inputs
         from .train_loop import predict
 
         if self.posthoc == "none":
@@ -243,9 +243,10 @@ class ScoringRows:
         model.eval()
         known, known_labels, novel = self.fit_rows
         batch = cfg.data.eval_batch_size
-        z = embed(model, self.features, batch)
-        z_novel = z if novel is self.features else embed(model, novel, batch)  # a planted problem scores its pool
-        fix = fit_posthoc(self.posthoc, embed(model, known, batch), known_labels.long(), z_novel,
+        # the rows are at view 0 already (first_view in :meth:`of`): embedded as model inputs, never viewed again
+        z = embed_inputs(model, self.features, batch)
+        z_novel = z if novel is self.features else embed_inputs(model, novel, batch)  # a planted problem: its pool
+        fix = fit_posthoc(self.posthoc, embed_inputs(model, known, batch), known_labels.long(), z_novel,
                           method.predict_logits(model, z_novel)[:, self.num_known:], model.class_prototypes(),
                           temperature=cfg.method.temperature, crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)
         return fix.apply(z, method.predict_logits(model, z)).argmax(1).numpy()

@@ -186,3 +186,34 @@ def test_a_trial_with_a_posthoc_fix_is_scored_through_it(tmp_path, planted):
         np.testing.assert_array_equal(got, expected)
         changed += int((got != plain.predict(run.model, cfg)).sum())
     assert changed > 0  # the fixes move some predictions here, so scoring the plain argmax would fail above
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_posthoc_fix_scores_a_trial_on_an_activation_cache(tmp_path, planted):
+    """On an activation cache (rows ``[V, 32, 8, 8]``) the scored rows are held at view 0 and embedded as they are:
+    the +LA trial's predictions equal :func:`~ncdlr.service.local.fixed_scores` on the table's rows with their views.
+    (Taking view 0 twice fed a ``[n, 8, 8]`` slice to the block; the planted Tune end-to-end test met it after
+    ten minutes, this one in seconds.)"""
+    import numpy as np
+
+    from ncdlr.data.features import read_feature_table
+    from ncdlr.service.config import load_config
+    from ncdlr.service.local import fixed_scores, train
+    from ncdlr.service.tune import ScoringRows
+    from ncdlr.service.validation import build_validation_table
+    from tests.fixtures.activation_caches import write_activation_cache
+
+    known = np.repeat(np.arange(4), [8, 6, 5, 4]).tolist()
+    source = write_activation_cache(tmp_path / "cache", {"known": (3, known), "novel": (3, [4, 5] * 4),
+                                                         "test": (1, [0, 1, 2, 3, 4, 5] * 2)}, num_known=4)
+    build_validation_table(source, str(tmp_path / "val.parquet"), planted=planted)
+    table = read_feature_table(str(tmp_path / "val.parquet"))
+    cfg = load_config(None, ["--optim.epochs", "1", "--model.trainable_blocks", "1", "--model.head", "linear",
+                             "--data.batch_size", "4", "--labeler.buffer_size", "16", "--method.posthoc", "la"])
+    run = train(cfg, table)
+    rows = ScoringRows.of(table, "la")
+    assert rows.features.shape[1:] == (32, 8, 8)
+    split = "novel" if planted else "val"
+    expected = fixed_scores(run, table, table.features[split], ("la",), temperature=cfg.method.temperature,
+                            crt_epochs=cfg.method.crt_epochs, seed=cfg.run.seed)["la"].argmax(1).numpy()
+    np.testing.assert_array_equal(rows.predict(run.model, cfg), expected)
