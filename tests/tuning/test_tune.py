@@ -192,8 +192,8 @@ def test_a_trial_with_a_posthoc_fix_is_scored_through_it(tmp_path, planted):
 def test_a_posthoc_fix_scores_a_trial_on_an_activation_cache(tmp_path, planted):
     """On an activation cache (rows ``[V, 32, 8, 8]``) the scored rows are held at view 0 and embedded as they are:
     the +LA trial's predictions equal :func:`~ncdlr.service.local.fixed_scores` on the table's rows with their views.
-    (Taking view 0 twice fed a ``[n, 8, 8]`` slice to the block; the planted Tune end-to-end test met it after
-    ten minutes, this one in seconds.)"""
+    (Taking view 0 twice fed a ``[n, 8, 8]`` slice to the block; only the planted Tune end-to-end test, about a
+    minute on a Ray cluster, met it before this one.)"""
     import numpy as np
 
     from ncdlr.data.features import read_feature_table
