@@ -16,12 +16,16 @@ Printed keys:
 * ``mfu``: counted FLOPs per step × the service's steps/s ÷ the measured bf16 matmul peak (GPU only, else null);
 * ``epoch1_s``, ``later_epoch_s``, ``first_batch_s``, ``first_step_s``: the first epoch's start-up against
   the others (from the run's epoch lines);
-* ``feed_images_per_s`` (with ``--feed``): the design's input alone, no training step (``feed_rate``).
+* ``epochs_per_execution``: ``data.epochs_per_execution`` of the run (``--epochs-per-execution``: each design
+  runs once per value; k > 1 streams k epochs from one Ray Data execution, docs/benchmarks.md "Epoch restarts");
+* ``feed_images_per_s`` (with ``--feed``, at the first ``--epochs-per-execution`` value): the design's input
+  alone, no training step (``feed_rate``).
 
 Usage::
 
     python benchmarks/bench_gpu_train.py                # on a GPU node: ViT-B/16, 224 px crops, 128 + 128
     python benchmarks/bench_gpu_train.py --decode-on device
+    python benchmarks/bench_gpu_train.py --decode-on hybrid,host --epochs-per-execution 1,4
     python benchmarks/bench_gpu_train.py --smoke        # tiny sizes on CPU (CI runs this): checks the wiring
 
 With ``--smoke`` the numbers mean nothing; the run checks that every key is produced. GPU numbers go into
@@ -71,10 +75,11 @@ EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ done in ([\d.]+)s.*?data wait (\d+)%(?
                         r"first step ([\d.]+)s)?")
 
 
-def service_config(sizes: RunSizes, data_uri: str, output: Path, use_gpu: bool, decode_on: str) -> Config:
+def service_config(sizes: RunSizes, data_uri: str, output: Path, use_gpu: bool, decode_on: str,
+                   epochs_per_execution: int = 1) -> Config:
     cfg = Config()
     cfg.data.uri, cfg.data.image_size, cfg.data.batch_size = data_uri, sizes.image, sizes.batch
-    cfg.data.decode_on = decode_on
+    cfg.data.decode_on, cfg.data.epochs_per_execution = decode_on, epochs_per_execution
     cfg.model.encoder, cfg.model.trainable_blocks, cfg.model.head = sizes.encoder, 1, "auto"
     cfg.optim.epochs, cfg.optim.warmup_epochs, cfg.optim.amp = sizes.epochs, 1, True
     cfg.labeler.buffer_size = 2048
@@ -172,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma list of input designs to run, in order (default host,hybrid,device)")
     parser.add_argument("--feed", action="store_true",
                         help="also time each design's input alone (no training step): feed_images_per_s")
+    parser.add_argument("--epochs-per-execution", default="1",
+                        help="comma list of data.epochs_per_execution values; every design runs at each, in order "
+                             "(default 1: one Ray Data execution per epoch)")
     parser.add_argument("--cpus-per-worker", type=float, default=None,
                         help="CPUs the training worker reserves (default 4; the rest go to Ray Data)")
     args = parser.parse_args(argv)
@@ -185,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     places = [p.strip() for p in args.decode_on.split(",") if p.strip()]
     if not places or set(places) - {"host", "hybrid", "device"}:
         parser.error(f"--decode-on takes host, hybrid and/or device, got {args.decode_on!r}")
+    try:
+        executions = [int(k) for k in args.epochs_per_execution.split(",") if k.strip()]
+    except ValueError:
+        executions = []
+    if not executions or min(executions) < 1:
+        parser.error(f"--epochs-per-execution takes positive integers, got {args.epochs_per_execution!r}")
     sizes = SMOKE if args.smoke else FULL
     if args.cpus_per_worker is not None:
         sizes = replace(sizes, cpus_per_worker=args.cpus_per_worker)
@@ -203,20 +217,22 @@ def main(argv: list[str] | None = None) -> int:
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(sizes.cpus_per_worker) + 3), include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING")
         try:
-            for place in places:
+            for execution, place in [(k, p) for k in executions for p in places]:
+                run_dir = root / (place if execution == 1 else f"{place}-x{execution}")
                 feed = feed_rate(str(root / "data"), place, sizes, device,
-                                 {s: manifest.split_counts[s] for s in ("known", "novel")}) if args.feed else None
+                                 {s: manifest.split_counts[s] for s in ("known", "novel")}) \
+                    if args.feed and execution == executions[0] else None  # the feed does not depend on it
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # random encoder weights time the same as pretrained ones
-                    fit(service_config(sizes, str(root / "data"), root / place, use_gpu, place))
-                epochs = epoch_lines(root / place / "train.log")
+                    fit(service_config(sizes, str(root / "data"), run_dir, use_gpu, place, execution))
+                epochs = epoch_lines(run_dir / "train.log")
                 later = [e for e in epochs if e["epoch"] > 1] or epochs
                 seconds = sum(e["epoch_s"] for e in later) / len(later)
                 steps_per_s = steps_per_epoch / seconds
                 images_per_s = steps_per_s * 2 * sizes.batch
                 mfu = ceiling["tflop_per_step"] * steps_per_s / peak if peak else None
                 print(json.dumps({
-                    "decode_on": place, "images_per_s": round(images_per_s, 1),
+                    "decode_on": place, "epochs_per_execution": execution, "images_per_s": round(images_per_s, 1),
                     "feed_images_per_s": None if feed is None else round(feed, 1),
                     "ceiling_images_per_s": round(ceiling["images_per_s"], 1),
                     "ratio": round(images_per_s / ceiling["images_per_s"], 3),

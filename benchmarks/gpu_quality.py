@@ -26,7 +26,16 @@ openclipart-cached=CACHE``. Preparing a copy small enough to carry to the GPU ma
 Usage::
 
     python3 benchmarks/gpu_quality.py --data .gpu-data/oc160 --seeds 3 --budget-s 420 --out $OUT   # on a GPU
+    python3 benchmarks/gpu_quality.py --data .gpu-data/oc160 --seed-start 3 --seeds 1 --object-store-gb 4 \
+        --jsonl /tmp/q/s3.jsonl &      # one seed's pair per process, several at once on one GPU
+    python3 benchmarks/gpu_quality.py --summarize /tmp/q/*.jsonl       # their rows, merged, and the table
     python benchmarks/gpu_quality.py --smoke      # tiny synthetic images on CPU, one epoch (CI): the wiring only
+
+Several processes at once (``--seed-start S --seeds 1`` each, each its own local Ray with ``--object-store-gb``
+capping its object store) share one GPU: an efficientnet_lite0 step at 160 px leaves most of an H200 idle, and a
+run's wall time is mostly Ray Data's start of each epoch, which concurrent runs overlap
+(``benchmarks/gpu_issue14_15.sh``). Their ``seconds``, ``steps_per_s`` and ``data_share`` then measure runs that
+share the machine, not one run's pace.
 
 With ``--smoke`` the numbers mean nothing; the run checks that every key is produced and the pairing holds.
 """
@@ -123,6 +132,23 @@ def summary_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def read_records(paths: list[Path]) -> list[dict]:
+    """The JSON lines of several runs' files (``--jsonl``), ordered by seed then method; a cut-off last line is
+    skipped, and so is a missing file (a process that died before its first run), each with a line on stderr."""
+    records = []
+    for path in paths:
+        if not path.is_file():
+            print(f"gpu_quality: no rows from {path}: the file is missing", file=sys.stderr)
+            continue
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a process killed while writing its last line
+                print(f"gpu_quality: skipped a partial line of {path}", file=sys.stderr)
+    order = {m: i for i, m in enumerate(METHODS)}
+    return sorted(records, key=lambda r: (r["seed"], order.get(r["method"], len(order))))
+
+
 def smoke_dataset(root: Path) -> str:
     """Six synthetic classes of 64-px JPEGs (three known, three novel, imbalance 4), prepared as the service reads."""
     from ncdlr.data.builders import synthetic
@@ -140,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", help="the prepared dataset (local folder or s3://), e.g. .gpu-data/oc160")
     parser.add_argument("--config", default=str(HERE.parent / "configs" / "openclipart.yaml"),
                         help="the dataset config both methods start from (default configs/openclipart.yaml)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (issue 14 asks ≥ 3; default 3)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="seeds S..S+N-1 with S = --seed-start (issue 14 asks ≥ 3; default 3)")
+    parser.add_argument("--seed-start", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--epochs", type=int, default=10, help="the cached cells' epochs (default 10)")
     parser.add_argument("--batch-size", type=int, default=64,
@@ -151,8 +179,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start a seed only if another pair fits at the last pair's pace (default 420)")
     parser.add_argument("--out", type=Path, default=None, help="folder for gpu_quality.jsonl (e.g. $OUT)")
+    parser.add_argument("--jsonl", type=Path, default=None,
+                        help="write the rows to this file instead of OUT/gpu_quality.jsonl (one per process)")
+    parser.add_argument("--object-store-gb", type=float, default=None,
+                        help="cap this process's local Ray object store (several processes on one machine)")
+    parser.add_argument("--summarize", type=Path, nargs="+", default=None, metavar="JSONL",
+                        help="train nothing: merge these files' rows, print them and the table "
+                             "(with --out, also write them to OUT/gpu_quality.jsonl)")
     parser.add_argument("--smoke", action="store_true", help="tiny synthetic images on CPU, one epoch: the wiring")
     args = parser.parse_args(argv)
+    if args.summarize:
+        records = read_records(args.summarize)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "gpu_quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        for record in records:
+            print(json.dumps(record))
+        if not records:
+            print("gpu_quality: no rows to summarize", file=sys.stderr)
+            return 1
+        print(summary_table(records), flush=True)
+        return 0
 
     import torch
 
@@ -173,12 +220,16 @@ def main(argv: list[str] | None = None) -> int:
             extra = ["--data.image_size", "64", "--labeler.buffer_size", "32"]
         print(f"gpu_quality: {device}; {args.config} on {data}; {args.seeds} seeds × {args.methods}; {epochs} "
               f"epochs, B = {batch} + {batch}; budget {args.budget_s:.0f} s", file=sys.stderr, flush=True)
-        init_ray(cpus_needed=cpus + 2)
+        init_ray(cpus_needed=cpus + 2, object_store_bytes=int(args.object_store_gb * 2**30)
+                 if args.object_store_gb else None)
         start, records, pair_s = time.perf_counter(), [], 0.0
-        sink = (args.out / "gpu_quality.jsonl").open("w") if args.out else None
-        for seed in range(args.seeds):
+        jsonl = args.jsonl or (args.out / "gpu_quality.jsonl" if args.out else None)
+        if jsonl:
+            jsonl.parent.mkdir(parents=True, exist_ok=True)
+        sink = jsonl.open("w") if jsonl else None
+        for seed in range(args.seed_start, args.seed_start + args.seeds):
             left = args.budget_s - (time.perf_counter() - start)
-            if seed and left < pair_s:
+            if seed > args.seed_start and left < pair_s:
                 print(f"gpu_quality: stopped before seed {seed}: {left:.0f} s left, a pair took {pair_s:.0f} s",
                       file=sys.stderr, flush=True)
                 break

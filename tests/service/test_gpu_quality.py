@@ -39,6 +39,28 @@ def test_the_paired_gap_uses_only_seeds_both_methods_finished() -> None:
     assert gpu_quality.paired_gap(rows[:1] + rows[3:4]) is None  # one pair has no SE
 
 
+def test_summarize_merges_several_processes_rows_in_seed_order(tmp_path: Path) -> None:
+    """One file per concurrent process (``--jsonl``); a process killed mid-line leaves a partial last line."""
+    row = {"epochs": 10, "device": "d", "novel_head": 1.0, "novel_medium": 2.0, "novel_tail": 3.0,
+           "steps_per_s": 1.0, "data_share": 0.5, "seconds": 60.0}
+    (tmp_path / "s1.jsonl").write_text("".join(json.dumps({**row, "method": m, "seed": 1, "novel": n, "known": 60.0,
+                                                           "all": 50.0}) + "\n" for m, n in [("uno", 22.0), ("ncdlr", 30.0)]))
+    (tmp_path / "s0.jsonl").write_text(json.dumps({**row, "method": "ncdlr", "seed": 0, "novel": 28.0, "known": 61.0,
+                                                   "all": 51.0}) + "\n" + '{"method": "uno", "se')
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_quality.py"), "--summarize",
+                          str(tmp_path / "s1.jsonl"), str(tmp_path / "s0.jsonl"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    merged = [json.loads(line) for line in (tmp_path / "out" / "gpu_quality.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["seed"]) for r in merged] == [("ncdlr", 0), ("ncdlr", 1), ("uno", 1)]
+    assert "| ncdlr | [0, 1] | 29.0 ± 1.0 |" in out.stdout and "| uno | [1] | 22.0 ± 0.0 |" in out.stdout
+    assert "paired seeds" not in out.stdout  # one pair has no SE
+    assert "skipped a partial line" in out.stderr
+    empty = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_quality.py"), "--summarize",
+                            str(tmp_path / "none.jsonl")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert empty.returncode == 1 and "the file is missing" in empty.stderr and "no rows" in empty.stderr
+
+
 def test_no_gpu_without_smoke_is_refused() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_quality.py"), "--data", "x"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -48,14 +70,15 @@ def test_no_gpu_without_smoke_is_refused() -> None:
 @pytest.mark.slow
 def test_the_smoke_run_trains_both_methods_and_prints_their_rows(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_quality.py"), "--smoke", "--seeds", "1",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+                          "--seed-start", "3", "--object-store-gb", "1", "--jsonl", str(tmp_path / "s3.jsonl")],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [(r["method"], r["seed"]) for r in lines] == [("ncdlr", 0), ("uno", 0)]
-    assert [json.loads(line) for line in (tmp_path / "gpu_quality.jsonl").read_text().splitlines()] == lines
+    assert [(r["method"], r["seed"]) for r in lines] == [("ncdlr", 3), ("uno", 3)]
+    assert [json.loads(line) for line in (tmp_path / "s3.jsonl").read_text().splitlines()] == lines
     for r in lines:
         assert r["smoke"] is True and r["device"] == "cpu" and r["epochs"] == 1
         assert all(0.0 <= r[k] <= 100.0 for k in gpu_quality.RESULT_KEYS)
         assert r["steps_per_s"] > 0 and 0.0 <= r["data_share"] <= 1.0 and r["seconds"] > 0
-    assert "| ncdlr | [0] |" in out.stdout and "| uno | [0] |" in out.stdout
+    assert "| ncdlr | [3] |" in out.stdout and "| uno | [3] |" in out.stdout
     assert "trains with method.task_weight=0.0" in out.stderr  # UNO as published on the config (file_resets)
