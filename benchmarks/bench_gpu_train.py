@@ -183,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus-per-worker", type=float, default=None,
                         help="CPUs the training worker reserves (default 4; the rest go to Ray Data)")
     args = parser.parse_args(argv)
+    try:
+        executions = [int(k) for k in args.epochs_per_execution.split(",") if k.strip()]
+    except ValueError:
+        executions = []
+    if not executions or min(executions) < 1:
+        parser.error(f"--epochs-per-execution takes positive integers, got {args.epochs_per_execution!r}")
     import ray
 
     from ncdlr.service.trainer import fit
@@ -193,12 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     places = [p.strip() for p in args.decode_on.split(",") if p.strip()]
     if not places or set(places) - {"host", "hybrid", "device"}:
         parser.error(f"--decode-on takes host, hybrid and/or device, got {args.decode_on!r}")
-    try:
-        executions = [int(k) for k in args.epochs_per_execution.split(",") if k.strip()]
-    except ValueError:
-        executions = []
-    if not executions or min(executions) < 1:
-        parser.error(f"--epochs-per-execution takes positive integers, got {args.epochs_per_execution!r}")
     sizes = SMOKE if args.smoke else FULL
     if args.cpus_per_worker is not None:
         sizes = replace(sizes, cpus_per_worker=args.cpus_per_worker)

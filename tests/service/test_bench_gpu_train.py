@@ -18,14 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_the_smoke_run_prints_one_json_line_per_input_design_with_every_figure():
-    """Both designs stream their two epochs from one Ray Data execution each (``--epochs-per-execution 2``; 1, the
-    service's default, is what every other service test runs)."""
+    """One design, hybrid (the host design's stream is every image-mode service test's), streaming its two epochs
+    from one Ray Data execution (``--epochs-per-execution 2``; 1, the service's default, is what every other
+    service test runs): each Ray Train run costs ≈ 20 s of worker-group start here, so one run, not one per design."""
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), "--smoke",
-                          "--decode-on", "host,hybrid", "--feed", "--epochs-per-execution", "2"],
+                          "--decode-on", "hybrid", "--feed", "--epochs-per-execution", "2"],
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.strip().splitlines() if line.startswith("{")]
-    assert [(line["decode_on"], line["epochs_per_execution"]) for line in lines] == [("host", 2), ("hybrid", 2)]
+    assert [(line["decode_on"], line["epochs_per_execution"]) for line in lines] == [("hybrid", 2)]
     for line in lines:
         assert line["smoke"] is True and line["mfu"] is None  # no GPU: no peak, no MFU
         assert line["images_per_s"] > 0 and line["ceiling_images_per_s"] > 0
@@ -37,7 +38,7 @@ def test_the_smoke_run_prints_one_json_line_per_input_design_with_every_figure()
         assert line["later_epoch_s"] > 0  # epoch 2 came out of the same execution, cut at steps_per_epoch
 
 
-@pytest.mark.parametrize("value", ["0", "2,x", ""])
+@pytest.mark.parametrize("value", ["0", "2,x"])
 def test_a_bad_epochs_per_execution_list_is_refused(value: str):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), "--smoke",
                           "--epochs-per-execution", value], capture_output=True, text=True, timeout=120, cwd=ROOT)
