@@ -1,0 +1,37 @@
+"""``benchmarks/bench_fit_overhead.py``: the fixed cost of one Ray Train run against bare actors doing the same set-up.
+
+Real parts throughout: a local Ray, a real ``TorchTrainer.fit`` and real actors forming a gloo group; one round of
+one worker here (the numbers are this machine's and mean little at that size, the keys and their arithmetic do).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(ROOT / "benchmarks" / "bench_fit_overhead.py")
+
+
+def test_more_workers_than_cpus_is_refused_before_ray_starts():
+    out = subprocess.run([sys.executable, SCRIPT, "--workers", "3", "--cpus", "2"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and "--cpus ≥ --workers" in out.stderr and "Started a local Ray" not in out.stderr
+
+
+@pytest.mark.slow
+def test_one_round_prints_both_timings_their_ratio_and_the_start_up_stages():
+    out = subprocess.run([sys.executable, SCRIPT, "--workers", "1", "--rounds", "1", "--cpus", "2", "--stages"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert line["fit_rounds_s"] == [line["fit_s"]] and line["actors_rounds_s"] == [line["actors_s"]]
+    assert line["fit_s"] > 0 and line["actors_s"] > 0 and line["workers"] == 1
+    assert line["ratio"] == pytest.approx(line["fit_s"] / line["actors_s"], abs=0.01)
+    assert line["overhead_s"] == pytest.approx(line["fit_s"] - line["actors_s"], abs=0.02)
+    assert any("worker actors created" in stage for stage in line["stages"])  # read from Ray Train's own log
+    assert "round 1/1: fit" in out.stderr
