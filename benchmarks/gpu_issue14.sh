@@ -1,3 +1,4 @@
+# (Superseded by benchmarks/gpu_issue14_15.sh, which runs these rows five seeds at once and then issue 15's.)
 # Issue 14's GPU rows in one call (≤ 8 min on an H200): image-mode OpenClipart-LT with configs/openclipart.yaml,
 # ncdlr against UNO, seed by seed (as many pairs as fit in 420 s), 10 epochs, 64 + 64 images a step on one GPU
 # worker: the cached cells' budget, so the rows can be set beside the cached regime on the same prepared data.

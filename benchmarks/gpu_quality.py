@@ -21,7 +21,8 @@ std over the seeds (ddof 0, as docs/results.md) and the paired gap ``ncdlr − u
 The cached regime to set beside these rows is measured on CPU on the same prepared data (docs/results.md):
 ``ncdlr embed --data DATA … --trainable-blocks 1 --views 8`` then ``benchmarks/quality.py --table
 openclipart-cached=CACHE``. Preparing a copy small enough to carry to the GPU machine (with ``gpu-bundle
---with-lite0``, ≤ 64 MiB in all) and the one call are in ``benchmarks/gpu_issue14.sh``.
+--with-lite0``, ≤ 64 MiB in all) and the one call are in ``benchmarks/gpu_issue14_15.sh`` (five seeds at once;
+``gpu_issue14.sh`` runs them one after another).
 
 Usage::
 

@@ -43,8 +43,9 @@ def test_summarize_merges_several_processes_rows_in_seed_order(tmp_path: Path) -
     """One file per concurrent process (``--jsonl``); a process killed mid-line leaves a partial last line."""
     row = {"epochs": 10, "device": "d", "novel_head": 1.0, "novel_medium": 2.0, "novel_tail": 3.0,
            "steps_per_s": 1.0, "data_share": 0.5, "seconds": 60.0}
-    (tmp_path / "s1.jsonl").write_text("".join(json.dumps({**row, "method": m, "seed": 1, "novel": n, "known": 60.0,
-                                                           "all": 50.0}) + "\n" for m, n in [("uno", 22.0), ("ncdlr", 30.0)]))
+    seed1 = [{**row, "method": m, "seed": 1, "novel": n, "known": 60.0, "all": 50.0} for m, n in [("uno", 22.0),
+                                                                                                ("ncdlr", 30.0)]]
+    (tmp_path / "s1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in seed1))
     (tmp_path / "s0.jsonl").write_text(json.dumps({**row, "method": "ncdlr", "seed": 0, "novel": 28.0, "known": 61.0,
                                                    "all": 51.0}) + "\n" + '{"method": "uno", "se')
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_quality.py"), "--summarize",
