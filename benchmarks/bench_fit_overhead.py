@@ -86,9 +86,12 @@ STAGE = re.compile(r'"message": "(\[Worker Group Initialization\][^"]*?)(?:\\n|"
 
 
 def controller_stages() -> list[str]:
-    """The last run's ``[Worker Group Initialization] …`` lines from Ray Train's controller log (this session)."""
-    logs = sorted(Path("/tmp/ray/session_latest/logs/train").glob("ray-train-sys-controller-*.log"),
-                  key=lambda p: p.stat().st_mtime)
+    """The last run's ``[Worker Group Initialization] …`` lines from Ray Train's controller log, read in this Ray
+    session's own log folder (not ``session_latest``, which another Ray on the machine may have taken)."""
+    from ray._private.worker import global_worker  # no public API names the session's log folder
+
+    folder = Path(global_worker.node.get_logs_dir_path()) / "train"
+    logs = sorted(folder.glob("ray-train-sys-controller-*.log"), key=lambda p: p.stat().st_mtime)
     return STAGE.findall(logs[-1].read_text()) if logs else []
 
 
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="training workers per run (default 2, as the tests)")
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the two (default 3)")
     parser.add_argument("--cpus", type=int, default=4,
-                        help="logical CPUs of the local Ray (default 4, as the tests' ray_local)")
+                        help="logical CPUs of the local Ray it starts (default 4, as the tests' ray_local); "
+                             "a Ray this process already runs is used as it is")
     parser.add_argument("--stages", action="store_true", help="also print the last fit's start-up stages")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.rounds < 1 or args.cpus < args.workers:
@@ -105,8 +109,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
-             logging_level="WARNING")
+    if __name__ != "__main__":  # imported (a test): the workers cannot import benchmarks/, so ship the code itself
+        from ray import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    started = not ray.is_initialized()  # a caller's Ray (a test's) is used as it is, and left running
+    if started:
+        ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING")
     fits, bare = [], []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-fit-") as storage:
@@ -117,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
         stages = controller_stages() if args.stages else None
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     fit_s, actors_s = statistics.median(fits), statistics.median(bare)
     print(json.dumps({"fit_s": round(fit_s, 2), "actors_s": round(actors_s, 2), "ratio": round(fit_s / actors_s, 2),
                       "overhead_s": round(fit_s - actors_s, 2), "fit_rounds_s": [round(x, 2) for x in fits],
