@@ -2,8 +2,8 @@
 #   1. the GPU tests (tests/test_gpu.py: labeler, buffer, step and device-side views on CUDA against CPU);
 #   2. issue 14's GPU rows: image-mode OpenClipart-LT with configs/openclipart.yaml, ncdlr against UNO, 10 epochs,
 #      64 + 64 images a step on one GPU worker, seeds 0..SEEDS-1 (default 5) at once: one process per seed, each
-#      its own local Ray and its ncdlr-then-UNO pair (a lite0 step at 160 px leaves the H200 mostly idle; a run's
-#      wall time is mostly Ray Data's start of each epoch, which the concurrent runs overlap);
+#      its own local Ray and its ncdlr-then-UNO pair (expected, not yet measured: a lite0 step at 160 px leaves the
+#      H200 mostly idle, and a short run's wall time is mostly Ray's start-ups, which the concurrent runs overlap);
 #   3. issue 15: bench_gpu_train (ViT-B/16, 224-px crops of 448-px JPEGs, 128 + 128) with the host and hybrid input
 #      designs at data.epochs_per_execution 4 and then 1 (in that order; what the time limit cuts is the last).
 # Here first, once (CPU; what travels must stay ≤ 64 MiB: the checkout ≈ 2.5 MB + .gpu 46 MB + .gpu-data 17 MB):

@@ -33,9 +33,9 @@ Usage::
     python benchmarks/gpu_quality.py --smoke      # tiny synthetic images on CPU, one epoch (CI): the wiring only
 
 Several processes at once (``--seed-start S --seeds 1`` each, each its own local Ray with ``--object-store-gb``
-capping its object store) share one GPU: an efficientnet_lite0 step at 160 px leaves most of an H200 idle, and a
-run's wall time is mostly Ray Data's start of each epoch, which concurrent runs overlap
-(``benchmarks/gpu_issue14_15.sh``). Their ``seconds``, ``steps_per_s`` and ``data_share`` then measure runs that
+capping its object store) share one GPU: an efficientnet_lite0 step at 160 px should leave most of an H200 idle,
+and on CPU a short run's wall time is mostly Ray Train's start (≈ 20 s, docs/benchmarks.md) and each epoch's Ray
+Data start, which concurrent runs overlap (``benchmarks/gpu_issue14_15.sh``; not yet timed on a GPU). Their ``seconds``, ``steps_per_s`` and ``data_share`` then measure runs that
 share the machine, not one run's pace.
 
 With ``--smoke`` the numbers mean nothing; the run checks that every key is produced and the pairing holds.
