@@ -31,6 +31,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")  # as the tests and the service's docs set it
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
 
 def _empty_loop(config: dict) -> None:
@@ -49,14 +50,6 @@ class _Rank:
         return True
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def time_fit(workers: int, storage: str, name: str) -> float:
     """Seconds of one ``TorchTrainer.fit`` of an empty loop on ``workers`` CPU workers (1 CPU each)."""
     from ray.train import RunConfig, ScalingConfig
@@ -71,6 +64,8 @@ def time_fit(workers: int, storage: str, name: str) -> float:
 def time_actors(workers: int) -> float:
     """Seconds to start ``workers`` fresh actors (1 CPU each), form their gloo group and end them."""
     import ray
+
+    from ncdlr.data.storage import free_port
 
     start = time.perf_counter()
     rank_cls = ray.remote(num_cpus=1)(_Rank)
