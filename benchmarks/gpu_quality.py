@@ -188,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="train nothing: merge these files' rows, print them and the table "
                              "(with --out, also write them to OUT/gpu_quality.jsonl)")
     parser.add_argument("--smoke", action="store_true", help="tiny synthetic images on CPU, one epoch: the wiring")
+    parser.add_argument("--cpu", action="store_true",
+                        help="the same full-size runs on the CPU, where no GPU is lent (fp32, no autocast; about "
+                             "17 min a run on 2 cores with --cpus-per-worker 2): image mode against the cache "
+                             "on one machine's numerics")
     args = parser.parse_args(argv)
     if args.summarize:
         records = read_records(args.summarize)
@@ -206,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from ncdlr.service.entry import init_ray
 
-    use_gpu = torch.cuda.is_available() and not args.smoke
-    if not use_gpu and not args.smoke:
-        parser.error("no CUDA device: run on a GPU machine, or pass --smoke")
+    use_gpu = torch.cuda.is_available() and not (args.smoke or args.cpu)
+    if not use_gpu and not (args.smoke or args.cpu):
+        parser.error("no CUDA device: run on a GPU machine, or pass --cpu (full size, hours) or --smoke")
     if not args.data and not args.smoke:
         parser.error("--data is required (or --smoke)")
     device = torch.cuda.get_device_name(0) if use_gpu else "cpu"
