@@ -86,3 +86,17 @@ def test_the_smoke_run_trains_uno_from_the_config_and_prints_its_row(tmp_path: P
         assert r["steps_per_s"] > 0 and 0.0 <= r["data_share"] <= 1.0 and r["seconds"] > 0
     assert "| uno | [3] |" in out.stdout and "| ncdlr |" not in out.stdout
     assert "trains with method.task_weight=0.0" in out.stderr  # UNO as published on the config (file_resets)
+
+
+def test_without_a_gpu_full_size_runs_need_cpu_and_data(capsys) -> None:
+    """No CUDA here: a full-size call says that ``--cpu`` runs it on the CPU; ``--cpu`` still needs ``--data``."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the call would train")
+    with pytest.raises(SystemExit) as refused:
+        gpu_quality.main(["--data", "nowhere"])
+    assert refused.value.code == 2 and "pass --cpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as no_data:
+        gpu_quality.main(["--cpu"])
+    assert no_data.value.code == 2 and "--data is required" in capsys.readouterr().err
