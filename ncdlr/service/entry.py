@@ -48,7 +48,9 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     at least ``cpus_needed`` logical CPUs — more than the workers take, or Ray Data read tasks starve (platform
     notes). On a loaded machine Ray's raylet can miss its fixed 30 s start-up wait; the local start is then tried
     once more (``LOCAL_START_ATTEMPTS``) with a line on stderr. ``runtime_env`` reaches every task and worker (e.g. the
-    embedded S3 server's settings). Workers' output reaches this terminal only with ``verbose``.
+    embedded S3 server's settings). Workers' output reaches this terminal only with ``verbose``. Ray Data's
+    executors, here and in every worker of the job, wait instead of spinning while none of their tasks runs
+    (:mod:`ncdlr.data.idle_wait`; ``NCDLR_RAY_DATA_IDLE_WAIT_S=0`` leaves them as Ray ships them).
     """
     import ray
 
@@ -57,6 +59,7 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     if not verbose:
         quiet_ray_consoles()
     kwargs: dict = {"logging_level": logging.INFO if verbose else logging.WARNING}
+    runtime_env = with_idle_wait(runtime_env)
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
     if os.environ.get("RAY_ADDRESS"):
@@ -81,6 +84,19 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
 
 
 LOCAL_START_ATTEMPTS = 2
+
+
+def with_idle_wait(runtime_env: dict | None) -> dict | None:
+    """``runtime_env`` with :mod:`ncdlr.data.idle_wait` as its worker setup hook (unless the wait is off or a hook is
+    already set), after installing it in this process: Ray Data's executor loop then sleeps instead of spinning while
+    it has no task in flight, in the driver and in every worker (its ``SplitCoordinator`` actors above all)."""
+    from ncdlr.data import idle_wait
+
+    if not idle_wait.install():
+        return runtime_env
+    env = dict(runtime_env or {})
+    env.setdefault("worker_process_setup_hook", idle_wait.SETUP_HOOK)
+    return env
 
 
 def is_startup_timeout(err: BaseException) -> bool:

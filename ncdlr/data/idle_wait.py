@@ -1,0 +1,121 @@
+"""Ray Data's streaming executor made to wait, not spin, while none of its tasks runs (Ray 2.60).
+
+The executor's scheduling loop blocks in ``ray.wait`` (up to 0.1 s) for its running tasks. When none runs it does
+not block at all: every read done, or every operator held back because the consumer has not taken the blocks
+already made, the loop goes round as fast as the GIL lets it. That is the normal state of a training stream whose
+step is slower than its reads; a small dataset's whole epoch fits in the buffer, so its stream spins for the whole
+epoch. Each training stream runs such a loop in its ``SplitCoordinator`` actor (Ray Train's ``streaming_split``), so
+an image-mode run with a known and a novel stream loses about one core to two spinning threads: measured on a
+2-core machine, the two coordinators at 60 % and 47 % of a core beside a training worker at 80 %, the executor
+thread sampled outside ``ray.wait`` in 795 of 796 samples (docs/benchmarks.md, "Ray Data's idle spin").
+
+:func:`install` wraps the loop's ``process_completed_tasks`` so that, when no operator has an active task, it first
+sleeps ``idle_wait_s`` (20 ms by default; ``NCDLR_RAY_DATA_IDLE_WAIT_S``, 0 turns it off) and then does what it
+always does. A block the consumer frees is then noticed up to that much later; a task that finishes is noticed as
+before. :data:`SETUP_HOOK` is the ``worker_process_setup_hook`` that installs it in every worker process of a job
+(``ncdlr.service.entry.init_ray``); the executor's module is patched when it is first imported, so a worker that
+never runs Ray Data never imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+EXECUTOR_MODULE = "ray.data._internal.execution.streaming_executor"  #: where the loop looks the function up
+PATCHED_NAME = "process_completed_tasks"
+DEFAULT_IDLE_WAIT_S = 0.02
+ENV = "NCDLR_RAY_DATA_IDLE_WAIT_S"
+SETUP_HOOK = "ncdlr.data.idle_wait.setup_worker"  #: ``runtime_env["worker_process_setup_hook"]``
+
+
+def idle_wait_s() -> float:
+    """The sleep before a scheduling step with no active task: ``NCDLR_RAY_DATA_IDLE_WAIT_S`` seconds, else 20 ms."""
+    value = os.environ.get(ENV, "")
+    try:
+        wait = float(value) if value else DEFAULT_IDLE_WAIT_S
+    except ValueError:
+        raise ValueError(f"{ENV} must be a number of seconds (0 turns the idle wait off), got {value!r}") from None
+    if wait < 0:
+        raise ValueError(f"{ENV} must be >= 0 seconds, got {wait}")
+    return wait
+
+
+def no_active_task(topology: Any) -> bool:
+    """Whether no operator of an executor's ``topology`` (``{operator: state}``) has a task in flight."""
+    return not any(op.get_active_tasks() for op in topology)
+
+
+def waiting(step: Callable[..., Any], wait_s: float, sleep: Callable[[float], None] = time.sleep) -> Callable[..., Any]:
+    """``step(topology, ...)`` preceded by ``sleep(wait_s)`` whenever :func:`no_active_task` holds."""
+
+    def process_completed_tasks(topology, *args, **kwargs):
+        if no_active_task(topology):
+            sleep(wait_s)
+        return step(topology, *args, **kwargs)
+
+    process_completed_tasks.__wrapped__ = step
+    process_completed_tasks.idle_wait_s = wait_s
+    return process_completed_tasks
+
+
+def patch(module: Any, wait_s: float) -> bool:
+    """Wrap ``module.process_completed_tasks`` with :func:`waiting` once; False if the module has no such function
+    (another Ray version) or ``wait_s`` is 0."""
+    step = getattr(module, PATCHED_NAME, None)
+    if wait_s <= 0 or step is None:
+        return False
+    if getattr(step, "idle_wait_s", None) is None:
+        setattr(module, PATCHED_NAME, waiting(step, wait_s))
+    return True
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the loader of :data:`EXECUTOR_MODULE` so the module is patched once loaded."""
+
+    def __init__(self, wait_s: float):
+        self.wait_s = wait_s
+
+    def find_spec(self, name, path, target=None):
+        if name != EXECUTOR_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        load, wait_s = spec.loader.exec_module, self.wait_s
+
+        def exec_module(module):
+            load(module)
+            patch(module, wait_s)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install(wait_s: float | None = None) -> bool:
+    """Make this process's streaming executors wait ``wait_s`` (default :func:`idle_wait_s`) instead of spinning:
+    patch the executor's module now if it is loaded, else when it is imported. False when turned off (0)."""
+    wait_s = idle_wait_s() if wait_s is None else wait_s
+    if wait_s <= 0:
+        return False
+    if EXECUTOR_MODULE in sys.modules:
+        return patch(sys.modules[EXECUTOR_MODULE], wait_s)
+    if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(wait_s))
+    return True
+
+
+def installed() -> float | None:
+    """The idle wait of this process's executor loop (seconds), or None when it spins (unpatched or not loaded)."""
+    module = sys.modules.get(EXECUTOR_MODULE)
+    return getattr(getattr(module, PATCHED_NAME, None), "idle_wait_s", None)
+
+
+def setup_worker() -> None:
+    """The ``worker_process_setup_hook``: :func:`install` in a Ray worker process."""
+    install()
