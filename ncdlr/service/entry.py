@@ -89,13 +89,17 @@ LOCAL_START_ATTEMPTS = 2
 def with_idle_wait(runtime_env: dict | None) -> dict | None:
     """``runtime_env`` with :mod:`ncdlr.data.idle_wait` as its worker setup hook (unless the wait is off or a hook is
     already set), after installing it in this process: Ray Data's executor loop then sleeps instead of spinning while
-    it has no task in flight, in the driver and in every worker (its ``SplitCoordinator`` actors above all)."""
+    it has no task in flight, in the driver and in every worker (its ``SplitCoordinator`` actors above all). A wait set
+    by ``NCDLR_RAY_DATA_IDLE_WAIT_S`` travels in ``env_vars`` too: a cluster's workers do not see the driver's
+    environment."""
     from ncdlr.data import idle_wait
 
     if not idle_wait.install():
         return runtime_env
     env = dict(runtime_env or {})
     env.setdefault("worker_process_setup_hook", idle_wait.SETUP_HOOK)
+    if idle_wait.ENV in os.environ:
+        env["env_vars"] = {idle_wait.ENV: os.environ[idle_wait.ENV], **env.get("env_vars", {})}
     return env
 
 

@@ -138,3 +138,30 @@ finally:
     assert "RAY_REFUSED When connecting to an existing cluster" in done.stdout  # what the fix is for
     own = done.stdout.split("OWN")[1].split()
     assert own[0] == "True" and float(own[1]) >= 4
+
+
+def test_the_idle_wait_reaches_every_worker_and_a_set_value_travels_with_the_job():
+    """``with_idle_wait`` (run in a child: it patches the process it runs in) adds the worker setup hook, keeps a hook
+    and variables the caller set, sends a wait set in the driver's environment along (a cluster's workers do not
+    inherit it), and adds nothing when the wait is off."""
+    code = (
+        "import json; from ncdlr.service import entry\n"
+        "print(json.dumps([entry.with_idle_wait(None), "
+        "entry.with_idle_wait({'env_vars': {'A': '1'}, 'worker_process_setup_hook': 'x.y'})]))"
+    )
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env}).stdout
+        return out.strip().splitlines()[-1]
+
+    import json
+
+    default, kept = json.loads(run())
+    assert default == {"worker_process_setup_hook": "ncdlr.data.idle_wait.setup_worker"}
+    assert kept == {"env_vars": {"A": "1"}, "worker_process_setup_hook": "x.y"}
+    default, kept = json.loads(run(NCDLR_RAY_DATA_IDLE_WAIT_S="0.05"))
+    assert default["env_vars"] == {"NCDLR_RAY_DATA_IDLE_WAIT_S": "0.05"}
+    assert kept["env_vars"] == {"NCDLR_RAY_DATA_IDLE_WAIT_S": "0.05", "A": "1"}
+    assert json.loads(run(NCDLR_RAY_DATA_IDLE_WAIT_S="0")) == [None, {"env_vars": {"A": "1"},
+                                                                     "worker_process_setup_hook": "x.y"}]
