@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny synthetic images on CPU, one epoch: the wiring")
     parser.add_argument("--cpu", action="store_true",
                         help="the same full-size runs on the CPU, where no GPU is lent (fp32, no autocast; about "
-                             "17 min a run on 2 cores with --cpus-per-worker 2): image mode against the cache "
-                             "on one machine's numerics")
+                             "20 min a run alone on 2 cores with --cpus-per-worker 2, measured in session 46): "
+                             "image mode against the cache on one machine's numerics")
     args = parser.parse_args(argv)
     if args.summarize:
         records = read_records(args.summarize)

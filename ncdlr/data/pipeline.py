@@ -523,24 +523,50 @@ def read_tasks_for(cfg: PipelineConfig, split_rows: dict[str, int], free_cpus: f
     ``⌊free_cpus / streams / decode_num_cpus⌋`` (at least 1) tasks at a time, so a split is cut into at least that
     many pieces of at most ``cfg.rows_per_read_task`` rows and never fewer rows than ``rows_per_block``. A
     small dataset then still decodes on all the node's cores; a large one keeps its pieces."""
-    streams = max(1, len(split_rows))
-    tasks = max(1, int(free_cpus / streams / cfg.decode_num_cpus))
+    tasks = tasks_per_stream(cfg, free_cpus, len(split_rows))
     rows = min(split_rows.values()) if split_rows else cfg.rows_per_read_task
     per_task = max(cfg.rows_per_block, min(cfg.rows_per_read_task, math.ceil(rows / tasks)))
     return dataclasses.replace(cfg, rows_per_read_task=per_task)
 
 
-def train_data_config(cfg: PipelineConfig, datasets_to_split: Sequence[str] | str = ("known", "novel")) -> Any:
-    """``ray.train.DataConfig`` that splits the training streams equally over workers and caps each
-    dataset's in-flight object-store memory at :func:`object_store_limit`."""
-    import ray.train
+def tasks_per_stream(cfg: PipelineConfig, free_cpus: float, streams: int = 2) -> int:
+    """Read tasks one of ``streams`` training streams runs at a time: its share of ``free_cpus`` in tasks of
+    ``cfg.decode_num_cpus`` CPUs each, at least one."""
+    return max(1, int(free_cpus / max(1, streams) / cfg.decode_num_cpus))
+
+
+def stream_cpu_limit(cfg: PipelineConfig, free_cpus: float, streams: int = 2) -> float:
+    """The CPUs (logical slots) one training stream's executor may hold: :func:`tasks_per_stream` tasks' worth.
+
+    Without it the streams deadlock. Each stream's executor sees every free CPU, and a read task that its consumer
+    has not drained stays alive holding its CPU (Ray Data back-pressures its output; the task does not end). The
+    worker asks for a novel batch first. If the novel stream's tasks take every free CPU, the known stream's first
+    task never starts, and the worker, waiting for a known batch, never drains the novel ones. Seen in session 46 on
+    2 cores: OpenClipart-LT's novel split in 2 pieces, 2 CPUs beside the worker, no step in 7 minutes."""
+    return tasks_per_stream(cfg, free_cpus, streams) * cfg.decode_num_cpus
+
+
+def stream_options(cfg: PipelineConfig, cpu_limit: float | None = None) -> Any:
+    """``ray.data.ExecutionOptions`` of one training stream: at most ``cpu_limit`` CPUs
+    (:func:`stream_cpu_limit`; None: no cap) and :func:`object_store_limit` bytes in flight."""
     from ray.data import ExecutionOptions, ExecutionResources
 
     options = ExecutionOptions()
-    if object_store_limit(cfg) is not None:
-        options.resource_limits = ExecutionResources.for_limits(object_store_memory=object_store_limit(cfg))
+    if cpu_limit is not None or object_store_limit(cfg) is not None:
+        options.resource_limits = ExecutionResources.for_limits(cpu=cpu_limit,
+                                                                object_store_memory=object_store_limit(cfg))
+    return options
+
+
+def train_data_config(cfg: PipelineConfig, datasets_to_split: Sequence[str] | str = ("known", "novel"),
+                      cpu_limit: float | None = None) -> Any:
+    """``ray.train.DataConfig`` that splits the training streams equally over workers, caps each dataset's
+    in-flight object-store memory at :func:`object_store_limit` and, given ``cpu_limit``
+    (:func:`stream_cpu_limit`), the CPUs each stream's read tasks may hold at once."""
+    import ray.train
+
     split = datasets_to_split if isinstance(datasets_to_split, str) else list(datasets_to_split)
-    return ray.train.DataConfig(datasets_to_split=split, execution_options=options)
+    return ray.train.DataConfig(datasets_to_split=split, execution_options=stream_options(cfg, cpu_limit))
 
 
 # ----------------------------------------------------------------------------------------- paired batches

@@ -77,12 +77,13 @@ def _datasets(cfg: Config, data: TrainingData) -> dict:
     free = data_cpus(cfg)
     pipe = pipeline.read_tasks_for(pipeline_config(cfg),
                                    {s: data.manifest.split_counts.get(s, 0) for s in ("known", "novel")}, free)
-    log.info("Ray Data: %.0f CPU(s) beside the training workers; training splits read in tasks of <= %d rows, "
-             "images decoded on the %s", free, pipe.rows_per_read_task, pipe.decode_on)
+    log.info("Ray Data: %.0f CPU(s) beside the training workers, at most %g per training stream; training splits "
+             "read in tasks of <= %d rows, images decoded on the %s", free, pipeline.stream_cpu_limit(pipe, free),
+             pipe.rows_per_read_task, pipe.decode_on)
     raw = pipeline.load_splits(cfg.data.uri, ["known", "novel"], endpoint_url=cfg.data.endpoint_url or None,
                                manifest=data.manifest, verify="none")  # preflight.check_shards checked them
     return {"datasets": {name: pipeline.with_train_views(ds, pipe) for name, ds in raw.items()},
-            "dataset_config": pipeline.train_data_config(pipe)}
+            "dataset_config": pipeline.train_data_config(pipe, cpu_limit=pipeline.stream_cpu_limit(pipe, free))}
 
 
 def run_torch_trainer(cfg: Config, data: TrainingData, train_fn, *, actor_name: str, num_novel: int,

@@ -28,6 +28,8 @@ from ncdlr.data.pipeline import (
     load_splits,
     object_store_limit,
     read_tasks_for,
+    stream_cpu_limit,
+    stream_options,
     to_torch,
     train_data_config,
     with_eval_view,
@@ -600,6 +602,19 @@ def test_read_tasks_are_sized_so_both_training_streams_use_every_free_cpu() -> N
     wide = PipelineConfig(rows_per_read_task=2048, rows_per_block=64, decode_num_cpus=2.0)
     assert read_tasks_for(wide, {"known": 3000, "novel": 3000}, 12.0).rows_per_read_task == 1000
     assert read_tasks_for(cfg, {"known": 3000, "novel": 3000}, 0.5).rows_per_read_task == 2048, "at least one task"
+
+
+def test_each_training_stream_may_hold_its_share_of_the_free_cpus() -> None:
+    """The cap against the two streams' deadlock (``stream_cpu_limit``'s docstring): a stream holds at most its share
+    of the free CPUs in whole tasks, and Ray Train's ``DataConfig`` passes it to every split stream. The deadlock
+    itself is not reproduced here: seen once in a 10-epoch image-mode run, it did not show in small cases on a real
+    local Ray (their read tasks ended before Ray Data stopped draining them)."""
+    cfg = PipelineConfig()
+    assert stream_cpu_limit(cfg, 2.0) == 1.0 and stream_cpu_limit(cfg, 12.0) == 6.0 and stream_cpu_limit(cfg, 0.5) == 1.0
+    assert stream_cpu_limit(PipelineConfig(decode_num_cpus=2.0), 12.0) == 6.0
+    limits = stream_options(cfg, cpu_limit=3.0).resource_limits
+    assert limits.cpu == 3.0 and limits.object_store_memory == cfg.object_store_limit_bytes
+    assert train_data_config(cfg, cpu_limit=1.0)._resolve_execution_options("known").resource_limits.cpu == 1.0
 
 
 def test_a_head_start_gives_the_first_epoch_every_novel_row_once_and_the_next_ones_too(data_ray, tmp_path: Path) -> None:
