@@ -2,7 +2,9 @@
 
 The executor's scheduling loop blocks in ``ray.wait`` (up to 0.1 s) for its running tasks. When none runs it does
 not block at all: every read done, or every operator held back because the consumer has not taken the blocks
-already made, the loop goes round as fast as the GIL lets it. That is the normal state of a training stream whose
+already made, the loop goes round as fast as the GIL lets it. Nor does it block while its only running tasks are
+held in output back-pressure: their outputs are ready, so ``ray.wait`` returns at once, and the step does not read
+them. That is the normal state of a training stream whose
 step is slower than its reads; a small dataset's whole epoch fits in the buffer, so its stream spins for the whole
 epoch. Each training stream runs such a loop in its ``SplitCoordinator`` actor (Ray Train's ``streaming_split``), so
 an image-mode run with a known and a novel stream loses about one core to two spinning threads: measured on a
@@ -11,8 +13,9 @@ thread sampled outside ``ray.wait`` in 795 of 796 samples (docs/benchmarks.md, "
 
 :func:`install` wraps the loop's ``process_completed_tasks`` so that, when no operator has an active task, it first
 sleeps ``idle_wait_s`` (20 ms by default; ``NCDLR_RAY_DATA_IDLE_WAIT_S``, 0 turns it off) and then does what it
-always does. A block the consumer frees is then noticed up to that much later; a task that finishes is noticed as
-before. :data:`SETUP_HOOK` is the ``worker_process_setup_hook`` that installs it in every worker process of a job
+always does; likewise when every operator with a task in flight is held in output back-pressure
+(:func:`nothing_to_wait_for`). A block the consumer frees is then noticed up to that much later; a task that
+finishes while another operator runs is noticed as before. :data:`SETUP_HOOK` is the ``worker_process_setup_hook`` that installs it in every worker process of a job
 (``ncdlr.service.entry.init_ray``); the executor's module is patched when it is first imported, so a worker that
 never runs Ray Data never imports it.
 """
@@ -51,11 +54,20 @@ def no_active_task(topology: Any) -> bool:
     return not any(op.get_active_tasks() for op in topology)
 
 
+def nothing_to_wait_for(topology: Any) -> bool:
+    """Whether ``ray.wait`` in the next step would return at once for nothing: no operator has a task in flight, or
+    every operator that has one was held in output back-pressure by the last step (its tasks' finished outputs are
+    ready, so ``ray.wait`` returns them at once, and the step leaves them unread; Ray 2.60 marks such an operator
+    with ``_in_task_output_backpressure``)."""
+    busy = [op for op in topology if op.get_active_tasks()]
+    return all(getattr(op, "_in_task_output_backpressure", False) for op in busy)
+
+
 def waiting(step: Callable[..., Any], wait_s: float, sleep: Callable[[float], None] = time.sleep) -> Callable[..., Any]:
-    """``step(topology, ...)`` preceded by ``sleep(wait_s)`` whenever :func:`no_active_task` holds."""
+    """``step(topology, ...)`` preceded by ``sleep(wait_s)`` whenever :func:`nothing_to_wait_for` holds."""
 
     def process_completed_tasks(topology, *args, **kwargs):
-        if no_active_task(topology):
+        if nothing_to_wait_for(topology):
             sleep(wait_s)
         return step(topology, *args, **kwargs)
 

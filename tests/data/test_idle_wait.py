@@ -1,4 +1,5 @@
-"""``ncdlr.data.idle_wait``: Ray Data's scheduling loop sleeps, instead of spinning, while none of its tasks runs.
+"""``ncdlr.data.idle_wait``: Ray Data's scheduling loop sleeps, instead of spinning, while none of its tasks runs
+(or every running one is held in output back-pressure).
 
 The first test drives the wrapper with stand-ins for the executor's operators (objects with ``get_active_tasks``):
 the decision it makes is a pure function of that one call. The others patch Ray 2.60's real executor module, in a
@@ -18,8 +19,9 @@ from ncdlr.data import idle_wait
 
 
 class _Op:
-    def __init__(self, tasks: list):
+    def __init__(self, tasks: list, held: bool = False):
         self.tasks = tasks
+        self._in_task_output_backpressure = held
 
     def get_active_tasks(self) -> list:
         return self.tasks
@@ -34,6 +36,22 @@ def test_the_step_sleeps_only_when_no_operator_has_a_task_in_flight() -> None:
     assert step(busy, "policies", max_errored_blocks=3) == 7 and slept == [0.02]  # a task runs: ray.wait blocks
     assert calls == [(("policies",), {"max_errored_blocks": 3})] * 2  # the step itself always runs, unchanged
     assert step.__wrapped__(idle) == 7 and step.idle_wait_s == 0.02
+
+
+def test_the_step_sleeps_when_every_running_operator_is_held_in_output_back_pressure() -> None:
+    """Its tasks' outputs are ready (``ray.wait`` returns at once) and the step would not read them."""
+    slept = []
+    step = idle_wait.waiting(lambda topology: None, 0.02, sleep=slept.append)
+    step({_Op(["task"], held=True): "s", _Op([], held=False): "s"})
+    assert slept == [0.02]
+    step({_Op(["task"], held=True): "s", _Op(["task"], held=False): "s"})  # one operator's tasks can still deliver
+    assert slept == [0.02]
+    import inspect
+
+    from ray.data._internal.execution.interfaces.physical_operator import PhysicalOperator
+
+    # Ray 2.60 (the pinned version) keeps the flag there: if an upgrade renames it, this fails
+    assert "self._in_task_output_backpressure =" in inspect.getsource(PhysicalOperator.__init__)
 
 
 def test_patch_wraps_once_and_refuses_what_it_cannot_patch() -> None:
