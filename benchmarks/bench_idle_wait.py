@@ -15,7 +15,7 @@ Usage::
 
     .venv/bin/python benchmarks/bench_idle_wait.py                                  # synthetic 64-px set, 2 rounds
     .venv/bin/python benchmarks/bench_idle_wait.py --data .gpu-data/oc160 --config configs/openclipart.yaml \\
-        --epochs 2 --rounds 1
+        --epochs 3 --rounds 1 --cpus-per-worker 2
     .venv/bin/python benchmarks/bench_idle_wait.py --smoke                          # CI: the wiring, one round
 """
 

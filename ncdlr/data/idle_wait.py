@@ -1,23 +1,21 @@
-"""Ray Data's streaming executor made to wait, not spin, while none of its tasks runs (Ray 2.60).
+"""Ray Data's streaming executor made to wait, not spin, while it has no task whose output it would read (Ray 2.60).
 
-The executor's scheduling loop blocks in ``ray.wait`` (up to 0.1 s) for its running tasks. When none runs it does
-not block at all: every read done, or every operator held back because the consumer has not taken the blocks
-already made, the loop goes round as fast as the GIL lets it. Nor does it block while its only running tasks are
-held in output back-pressure: their outputs are ready, so ``ray.wait`` returns at once, and the step does not read
-them. That is the normal state of a training stream whose
-step is slower than its reads; a small dataset's whole epoch fits in the buffer, so its stream spins for the whole
-epoch. Each training stream runs such a loop in its ``SplitCoordinator`` actor (Ray Train's ``streaming_split``), so
-an image-mode run with a known and a novel stream loses about one core to two spinning threads: measured on a
-2-core machine, the two coordinators at 60 % and 47 % of a core beside a training worker at 80 %, the executor
-thread sampled outside ``ray.wait`` in 795 of 796 samples (docs/benchmarks.md, "Ray Data's idle spin").
+The executor's scheduling loop blocks in ``ray.wait`` (up to 0.1 s) for its running tasks. It does not block at all
+in two cases, and then goes round as fast as the GIL lets it: no task runs (every read done, or every operator held
+back because the consumer has not taken the blocks already made), or every running task is held in output
+back-pressure (its outputs are ready, so ``ray.wait`` returns at once, and the step leaves them unread). Both are
+the normal state of a training stream whose step is slower than its reads. Each training stream runs such a loop in
+its ``SplitCoordinator`` actor (Ray Train's ``streaming_split``), so an image-mode run with a known and a novel
+stream loses about one core to two spinning threads: measured on a 2-core machine, the two coordinators at 60 % and
+47 % of a core beside a training worker at 80 %, the executor thread sampled outside ``ray.wait`` in 795 of 796
+samples (docs/benchmarks.md, "Ray Data's idle spin", which also measures what the wait gives back).
 
-:func:`install` wraps the loop's ``process_completed_tasks`` so that, when no operator has an active task, it first
-sleeps ``idle_wait_s`` (20 ms by default; ``NCDLR_RAY_DATA_IDLE_WAIT_S``, 0 turns it off) and then does what it
-always does; likewise when every operator with a task in flight is held in output back-pressure
-(:func:`nothing_to_wait_for`). A block the consumer frees is then noticed up to that much later; a task that
-finishes while another operator runs is noticed as before. :data:`SETUP_HOOK` is the ``worker_process_setup_hook`` that installs it in every worker process of a job
-(``ncdlr.service.entry.init_ray``); the executor's module is patched when it is first imported, so a worker that
-never runs Ray Data never imports it.
+:func:`install` wraps the loop's ``process_completed_tasks`` so that, in either case (:func:`nothing_to_wait_for`),
+it first sleeps ``idle_wait_s`` (20 ms by default; ``NCDLR_RAY_DATA_IDLE_WAIT_S``, 0 turns it off) and then does
+what it always does. A block the consumer frees is then noticed up to that much later; a task that finishes while
+another operator runs is noticed as before. :data:`SETUP_HOOK` is the ``worker_process_setup_hook`` that installs
+it in every worker process of a job (``ncdlr.service.entry.init_ray``); the executor's module is patched when it is
+first imported, so a worker that never runs Ray Data never imports it.
 """
 
 from __future__ import annotations
@@ -38,7 +36,8 @@ SETUP_HOOK = "ncdlr.data.idle_wait.setup_worker"  #: ``runtime_env["worker_proce
 
 
 def idle_wait_s() -> float:
-    """The sleep before a scheduling step with no active task: ``NCDLR_RAY_DATA_IDLE_WAIT_S`` seconds, else 20 ms."""
+    """The sleep before a scheduling step with nothing to wait for: ``NCDLR_RAY_DATA_IDLE_WAIT_S`` seconds, else
+    20 ms."""
     value = os.environ.get(ENV, "")
     try:
         wait = float(value) if value else DEFAULT_IDLE_WAIT_S
@@ -49,13 +48,9 @@ def idle_wait_s() -> float:
     return wait
 
 
-def no_active_task(topology: Any) -> bool:
-    """Whether no operator of an executor's ``topology`` (``{operator: state}``) has a task in flight."""
-    return not any(op.get_active_tasks() for op in topology)
-
-
 def nothing_to_wait_for(topology: Any) -> bool:
-    """Whether ``ray.wait`` in the next step would return at once for nothing: no operator has a task in flight, or
+    """Whether ``ray.wait`` in the next step would return at once for nothing: no operator of an executor's
+    ``topology`` (``{operator: state}``) has a task in flight, or
     every operator that has one was held in output back-pressure by the last step (its tasks' finished outputs are
     ready, so ``ray.wait`` returns them at once, and the step leaves them unread; Ray 2.60 marks such an operator
     with ``_in_task_output_backpressure``)."""
