@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     spin_cpu = med["spin"]["coordinator_cpu_s"]
     print(json.dumps({"wait": med["wait"], "spin": med["spin"],
                       "ratio": round(med["wait"]["steps_per_s"] / med["spin"]["steps_per_s"], 3),
-                      "coordinator_cpu_ratio": round(med["wait"]["coordinator_cpu_s"] / spin_cpu, 3) if spin_cpu else None,
+                      "coordinator_cpu_ratio": (round(med["wait"]["coordinator_cpu_s"] / spin_cpu, 3)
+                                                if spin_cpu else None),
                       "rounds": rounds, "epochs": epochs, "cpus": os.cpu_count(), "data": args.data or "synthetic"}),
           flush=True)
     return 0

@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
 
     use_gpu = torch.cuda.is_available() and not (args.smoke or args.cpu)
     if not use_gpu and not (args.smoke or args.cpu):
-        parser.error("no CUDA device: run on a GPU machine, or pass --cpu (full size, about 20 min a run on 2 cores) or --smoke")
+        parser.error("no CUDA device: run on a GPU machine, or pass --cpu (full size, about 20 min a run on 2 cores) "
+                     "or --smoke")
     if not args.data and not args.smoke:
         parser.error("--data is required (or --smoke)")
     device = torch.cuda.get_device_name(0) if use_gpu else "cpu"
