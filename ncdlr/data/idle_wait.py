@@ -13,9 +13,9 @@ samples (docs/benchmarks.md, "Ray Data's idle spin", which also measures what th
 :func:`install` wraps the loop's ``process_completed_tasks`` so that, in either case (:func:`nothing_to_wait_for`),
 it first sleeps ``idle_wait_s`` (20 ms by default; ``NCDLR_RAY_DATA_IDLE_WAIT_S``, 0 turns it off) and then does
 what it always does. A block the consumer frees is then noticed up to that much later; a task that finishes while
-another operator runs is noticed as before. The service installs it in the driver and, through its
-worker setup hook (``ncdlr.service.worker_setup``), in every worker process of a job; the executor's module is
-patched when it is first imported, so a worker that never runs Ray Data never imports it.
+another operator runs is noticed as before. :data:`SETUP_HOOK` is the ``worker_process_setup_hook`` that installs
+it in every worker process of a job (``ncdlr.service.entry.init_ray``); the executor's module is patched when it is
+first imported, so a worker that never runs Ray Data never imports it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ EXECUTOR_MODULE = "ray.data._internal.execution.streaming_executor"  #: where th
 PATCHED_NAME = "process_completed_tasks"
 DEFAULT_IDLE_WAIT_S = 0.02
 ENV = "NCDLR_RAY_DATA_IDLE_WAIT_S"
+SETUP_HOOK = "ncdlr.data.idle_wait.setup_worker"  #: ``runtime_env["worker_process_setup_hook"]``
 
 
 def idle_wait_s() -> float:
@@ -123,6 +124,5 @@ def installed() -> float | None:
 
 
 def setup_worker() -> None:
-    """A ``worker_process_setup_hook`` that only installs the wait (the service's is
-    ``ncdlr.service.worker_setup.setup_worker``, which also calls this module's :func:`install`)."""
+    """The ``worker_process_setup_hook``: :func:`install` in a Ray worker process."""
     install()

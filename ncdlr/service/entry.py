@@ -50,8 +50,8 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     once more (``LOCAL_START_ATTEMPTS``) with a line on stderr. ``runtime_env`` reaches every task and worker (e.g. the
     embedded S3 server's settings). Workers' output reaches this terminal only with ``verbose``. Ray Data's
     executors, here and in every worker of the job, wait instead of spinning while none of their tasks runs
-    (:mod:`ncdlr.data.idle_wait`; ``NCDLR_RAY_DATA_IDLE_WAIT_S=0`` leaves them as Ray ships them), and every
-    worker asks Ray's state API about its own cluster (:func:`with_worker_setup`)."""
+    (:mod:`ncdlr.data.idle_wait`; ``NCDLR_RAY_DATA_IDLE_WAIT_S=0`` leaves them as Ray ships them).
+    """
     import ray
 
     if ray.is_initialized():
@@ -59,7 +59,7 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     if not verbose:
         quiet_ray_consoles()
     kwargs: dict = {"logging_level": logging.INFO if verbose else logging.WARNING}
-    runtime_env = with_worker_setup(runtime_env)
+    runtime_env = with_idle_wait(runtime_env)
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
     if os.environ.get("RAY_ADDRESS"):
@@ -86,18 +86,18 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
 LOCAL_START_ATTEMPTS = 2
 
 
-def with_worker_setup(runtime_env: dict | None) -> dict | None:
-    """``runtime_env`` with :data:`ncdlr.service.worker_setup.SETUP_HOOK` as its worker setup hook (unless a hook is
-    already set), after installing Ray Data's idle wait in this process. Every worker of the job then waits instead
-    of spinning (Ray Data's ``SplitCoordinator`` actors above all) and asks Ray's state API about its own cluster
-    (:func:`~ncdlr.service.worker_setup.pin_own_cluster`). A wait set by ``NCDLR_RAY_DATA_IDLE_WAIT_S`` travels in
-    ``env_vars`` too: a cluster's workers do not see the driver's environment."""
+def with_idle_wait(runtime_env: dict | None) -> dict | None:
+    """``runtime_env`` with :mod:`ncdlr.data.idle_wait` as its worker setup hook (unless the wait is off or a hook is
+    already set), after installing it in this process: Ray Data's executor loop then sleeps instead of spinning while
+    it has no task in flight, in the driver and in every worker (its ``SplitCoordinator`` actors above all). A wait set
+    by ``NCDLR_RAY_DATA_IDLE_WAIT_S`` travels in ``env_vars`` too: a cluster's workers do not see the driver's
+    environment."""
     from ncdlr.data import idle_wait
-    from ncdlr.service import worker_setup
 
-    idle_wait.install()
+    if not idle_wait.install():
+        return runtime_env
     env = dict(runtime_env or {})
-    env.setdefault("worker_process_setup_hook", worker_setup.SETUP_HOOK)
+    env.setdefault("worker_process_setup_hook", idle_wait.SETUP_HOOK)
     if idle_wait.ENV in os.environ:
         env["env_vars"] = {idle_wait.ENV: os.environ[idle_wait.ENV], **env.get("env_vars", {})}
     return env
