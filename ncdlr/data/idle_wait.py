@@ -50,10 +50,9 @@ def idle_wait_s() -> float:
 
 def nothing_to_wait_for(topology: Any) -> bool:
     """Whether ``ray.wait`` in the next step would return at once for nothing: no operator of an executor's
-    ``topology`` (``{operator: state}``) has a task in flight, or
-    every operator that has one was held in output back-pressure by the last step (its tasks' finished outputs are
-    ready, so ``ray.wait`` returns them at once, and the step leaves them unread; Ray 2.60 marks such an operator
-    with ``_in_task_output_backpressure``)."""
+    ``topology`` (``{operator: state}``) has a task in flight, or every operator that has one was held in output
+    back-pressure by the last step (its tasks' finished outputs are ready, so ``ray.wait`` returns them at once, and
+    the step leaves them unread; Ray 2.60 marks such an operator with ``_in_task_output_backpressure``)."""
     busy = [op for op in topology if op.get_active_tasks()]
     return all(getattr(op, "_in_task_output_backpressure", False) for op in busy)
 

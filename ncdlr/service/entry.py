@@ -89,7 +89,7 @@ LOCAL_START_ATTEMPTS = 2
 def with_idle_wait(runtime_env: dict | None) -> dict | None:
     """``runtime_env`` with :mod:`ncdlr.data.idle_wait` as its worker setup hook (unless the wait is off or a hook is
     already set), after installing it in this process: Ray Data's executor loop then sleeps instead of spinning while
-    it has no task in flight, in the driver and in every worker (its ``SplitCoordinator`` actors above all). A wait set
+    it has nothing to wait for (:func:`~ncdlr.data.idle_wait.nothing_to_wait_for`), in the driver and in every worker (its ``SplitCoordinator`` actors above all). A wait set
     by ``NCDLR_RAY_DATA_IDLE_WAIT_S`` travels in ``env_vars`` too: a cluster's workers do not see the driver's
     environment."""
     from ncdlr.data import idle_wait

@@ -77,13 +77,14 @@ def _datasets(cfg: Config, data: TrainingData) -> dict:
     free = data_cpus(cfg)
     pipe = pipeline.read_tasks_for(pipeline_config(cfg),
                                    {s: data.manifest.split_counts.get(s, 0) for s in ("known", "novel")}, free)
+    per_stream = pipeline.stream_cpu_limit(pipe, free)
     log.info("Ray Data: %.0f CPU(s) beside the training workers, at most %g per training stream; training splits "
-             "read in tasks of <= %d rows, images decoded on the %s", free, pipeline.stream_cpu_limit(pipe, free),
-             pipe.rows_per_read_task, pipe.decode_on)
+             "read in tasks of <= %d rows, images decoded on the %s", free, per_stream, pipe.rows_per_read_task,
+             pipe.decode_on)
     raw = pipeline.load_splits(cfg.data.uri, ["known", "novel"], endpoint_url=cfg.data.endpoint_url or None,
                                manifest=data.manifest, verify="none")  # preflight.check_shards checked them
     return {"datasets": {name: pipeline.with_train_views(ds, pipe) for name, ds in raw.items()},
-            "dataset_config": pipeline.train_data_config(pipe, cpu_limit=pipeline.stream_cpu_limit(pipe, free))}
+            "dataset_config": pipeline.train_data_config(pipe, cpu_limit=per_stream)}
 
 
 def run_torch_trainer(cfg: Config, data: TrainingData, train_fn, *, actor_name: str, num_novel: int,
