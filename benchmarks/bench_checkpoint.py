@@ -68,13 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from ncdlr.service.entry import with_worker_setup
+
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as tmp:
         root = Path(tmp)
         x, y, s = synthetic_features(num_known=50, num_novel=50, dim=args.dim, n_max=max(20, args.rows // 25),
                                      ratio=10, test_per_class=2, seed=0)
         table = str(root / "features.parquet")
         write_feature_table(table, x, y, s, num_known=50, num_novel=50)
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                 runtime_env=with_worker_setup(None))  # as ncdlr's own Ray: ncdlr.service.worker_setup
         best: dict[str, dict] = {}
         for repeat, order in enumerate((list(MODES), list(reversed(MODES)))):
             for name in order:

@@ -105,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from ncdlr.data import pipeline
+    from ncdlr.service.entry import with_worker_setup
 
     root = tempfile.mkdtemp(prefix="bench-epochs-")
     split_rows = dataset(root + "/data", args.rows, args.decode)
     steps = split_rows["novel"] // args.batch
     ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}"}})  # read tasks unpickle SleepViews
+             runtime_env=with_worker_setup({"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}"}}))  # SleepViews unpickle
     rates: dict[int, list[float]] = {1: [], args.passes: []}
     for round_ in range(args.rounds):
         for passes in (1, args.passes) if round_ % 2 == 0 else (args.passes, 1):

@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from ncdlr.service.entry import with_worker_setup
+
     if __name__ != "__main__":  # imported (a test): the workers cannot import benchmarks/, so ship the code itself
         from ray import cloudpickle
 
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     started = not ray.is_initialized()  # a caller's Ray (a test's) is used as it is, and left running
     if started:
         ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
-                 logging_level="WARNING")
+                 logging_level="WARNING", runtime_env=with_worker_setup(None))  # as ncdlr's own Ray
     fits, bare = [], []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-fit-") as storage:

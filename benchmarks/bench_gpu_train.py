@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--epochs-per-execution takes positive integers, got {args.epochs_per_execution!r}")
     import ray
 
+    from ncdlr.service.entry import with_worker_setup
     from ncdlr.service.trainer import fit
 
     use_gpu = torch.cuda.is_available() and not args.smoke
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         started = not ray.is_initialized()
         if started:
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(sizes.cpus_per_worker) + 3), include_dashboard=False,
-                     log_to_driver=False, logging_level="WARNING")
+                     log_to_driver=False, logging_level="WARNING", runtime_env=with_worker_setup(None))
         try:
             for execution, place in [(k, p) for k in executions for p in places]:
                 run_dir = root / (place if execution == 1 else f"{place}-x{execution}")

@@ -119,6 +119,8 @@ def main() -> None:
 
     import ray
 
+    from ncdlr.service.entry import with_worker_setup
+
     with tempfile.TemporaryDirectory() as tmp:
         x, y, s = synthetic_features(num_known=args.classes // 2, num_novel=args.classes - args.classes // 2,
                                      dim=args.dim, n_max=args.n_max, ratio=10, test_per_class=2, seed=0)
@@ -131,7 +133,8 @@ def main() -> None:
               f"{os.environ.get('RAY_TRAIN_HEALTH_CHECK_INTERVAL_S', '2 (default)')} s; load average {os.getloadavg()[0]:.1f}")
         base = plain(make_config(args, table))
         t0 = time.perf_counter()
-        ray.init(address="local", num_cpus=4, object_store_memory=256 * 1024**2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, object_store_memory=256 * 1024**2, include_dashboard=False, log_to_driver=False,
+                 runtime_env=with_worker_setup(None))  # as ncdlr's own Ray: ncdlr.service.worker_setup
         init_s = time.perf_counter() - t0
         in_task = plain_in_ray_task(make_config(args, table))
         one, one_wall = ray_run(make_config(args, table), 1, os.path.join(tmp, "w1"))

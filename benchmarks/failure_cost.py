@@ -76,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from ncdlr.service.entry import with_worker_setup
     from ncdlr.service.trainer import fit
 
-    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
+             runtime_env=with_worker_setup(None))  # as ncdlr's own Ray: ncdlr.service.worker_setup
     root = Path(tempfile.mkdtemp(prefix="failure-cost-"))
     table = write_tiny_table(root / "table.parquet", n_max=args.n_max, noise=args.noise)
     results = {}

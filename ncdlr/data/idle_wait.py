@@ -13,26 +13,26 @@ samples (docs/benchmarks.md, "Ray Data's idle spin", which also measures what th
 :func:`install` wraps the loop's ``process_completed_tasks`` so that, in either case (:func:`nothing_to_wait_for`),
 it first sleeps ``idle_wait_s`` (20 ms by default; ``NCDLR_RAY_DATA_IDLE_WAIT_S``, 0 turns it off) and then does
 what it always does. A block the consumer frees is then noticed up to that much later; a task that finishes while
-another operator runs is noticed as before. :data:`SETUP_HOOK` is the ``worker_process_setup_hook`` that installs
-it in every worker process of a job (``ncdlr.service.entry.init_ray``); the executor's module is patched when it is
-first imported, so a worker that never runs Ray Data never imports it.
+another operator runs is noticed as before. :func:`install` runs in the driver and, through the
+job's ``worker_process_setup_hook`` (:mod:`ncdlr.service.worker_setup`), in every worker process of a job; the
+executor's module is patched when it is first imported (:mod:`ncdlr.data.import_patch`), so a worker that never
+runs Ray Data never imports it.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .import_patch import patch_when_imported
+
 EXECUTOR_MODULE = "ray.data._internal.execution.streaming_executor"  #: where the loop looks the function up
 PATCHED_NAME = "process_completed_tasks"
 DEFAULT_IDLE_WAIT_S = 0.02
 ENV = "NCDLR_RAY_DATA_IDLE_WAIT_S"
-SETUP_HOOK = "ncdlr.data.idle_wait.setup_worker"  #: ``runtime_env["worker_process_setup_hook"]``
 
 
 def idle_wait_s() -> float:
@@ -81,47 +81,17 @@ def patch(module: Any, wait_s: float) -> bool:
     return True
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the loader of :data:`EXECUTOR_MODULE` so the module is patched once loaded."""
-
-    def __init__(self, wait_s: float):
-        self.wait_s = wait_s
-
-    def find_spec(self, name, path, target=None):
-        if name != EXECUTOR_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-        if spec is None or spec.loader is None:
-            return None
-        load, wait_s = spec.loader.exec_module, self.wait_s
-
-        def exec_module(module):
-            load(module)
-            patch(module, wait_s)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install(wait_s: float | None = None) -> bool:
     """Make this process's streaming executors wait ``wait_s`` (default :func:`idle_wait_s`) instead of spinning:
     patch the executor's module now if it is loaded, else when it is imported. False when turned off (0)."""
     wait_s = idle_wait_s() if wait_s is None else wait_s
     if wait_s <= 0:
         return False
-    if EXECUTOR_MODULE in sys.modules:
-        return patch(sys.modules[EXECUTOR_MODULE], wait_s)
-    if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport(wait_s))
-    return True
+    patched = patch_when_imported(EXECUTOR_MODULE, lambda module: patch(module, wait_s))
+    return patched is not False  # None: patched when Ray Data's executor is first imported
 
 
 def installed() -> float | None:
     """The idle wait of this process's executor loop (seconds), or None when it spins (unpatched or not loaded)."""
     module = sys.modules.get(EXECUTOR_MODULE)
     return getattr(getattr(module, PATCHED_NAME, None), "idle_wait_s", None)
-
-
-def setup_worker() -> None:
-    """The ``worker_process_setup_hook``: :func:`install` in a Ray worker process."""
-    install()

@@ -48,9 +48,11 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     at least ``cpus_needed`` logical CPUs — more than the workers take, or Ray Data read tasks starve (platform
     notes). On a loaded machine Ray's raylet can miss its fixed 30 s start-up wait; the local start is then tried
     once more (``LOCAL_START_ATTEMPTS``) with a line on stderr. ``runtime_env`` reaches every task and worker (e.g. the
-    embedded S3 server's settings). Workers' output reaches this terminal only with ``verbose``. Ray Data's
-    executors, here and in every worker of the job, wait instead of spinning while none of their tasks runs
-    (:mod:`ncdlr.data.idle_wait`; ``NCDLR_RAY_DATA_IDLE_WAIT_S=0`` leaves them as Ray ships them).
+    embedded S3 server's settings). Workers' output reaches this terminal only with ``verbose``. Here and in
+    every worker of the job, two workarounds for the pinned Ray are installed (:mod:`ncdlr.service.worker_setup`):
+    Ray Data's executors wait instead of spinning while none of their tasks runs (``NCDLR_RAY_DATA_IDLE_WAIT_S=0``
+    leaves them as Ray ships them), and Ray Train's placement-group cleaner asks this cluster, not the last one
+    started on the machine, whether a run lives.
     """
     import ray
 
@@ -59,9 +61,7 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
     if not verbose:
         quiet_ray_consoles()
     kwargs: dict = {"logging_level": logging.INFO if verbose else logging.WARNING}
-    runtime_env = with_idle_wait(runtime_env)
-    if runtime_env:
-        kwargs["runtime_env"] = runtime_env
+    kwargs["runtime_env"] = with_worker_setup(runtime_env)
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=verbose, **kwargs)
         return True
@@ -86,18 +86,19 @@ def init_ray(*, cpus_needed: float = 0, runtime_env: dict | None = None, verbose
 LOCAL_START_ATTEMPTS = 2
 
 
-def with_idle_wait(runtime_env: dict | None) -> dict | None:
-    """``runtime_env`` with :mod:`ncdlr.data.idle_wait` as its worker setup hook (unless the wait is off or a hook is
-    already set), after installing it in this process: Ray Data's executor loop then sleeps instead of spinning while
-    it has nothing to wait for (:func:`~ncdlr.data.idle_wait.nothing_to_wait_for`), in the driver and in every worker (its ``SplitCoordinator`` actors above all). A wait set
-    by ``NCDLR_RAY_DATA_IDLE_WAIT_S`` travels in ``env_vars`` too: a cluster's workers do not see the driver's
-    environment."""
+def with_worker_setup(runtime_env: dict | None) -> dict:
+    """``runtime_env`` with :mod:`ncdlr.service.worker_setup` as its worker setup hook (unless a hook is already
+    set), after installing its workarounds in this process: Ray Data's executor loop sleeps instead of spinning
+    while it has nothing to wait for (its ``SplitCoordinator`` actors above all), and Ray Train's placement-group
+    cleaner asks the run's own cluster whether the run lives. An idle wait set by ``NCDLR_RAY_DATA_IDLE_WAIT_S``
+    travels in ``env_vars`` too: a cluster's workers do not see the driver's environment."""
     from ncdlr.data import idle_wait
 
-    if not idle_wait.install():
-        return runtime_env
+    from . import worker_setup
+
+    worker_setup.install()
     env = dict(runtime_env or {})
-    env.setdefault("worker_process_setup_hook", idle_wait.SETUP_HOOK)
+    env.setdefault("worker_process_setup_hook", worker_setup.SETUP_HOOK)
     if idle_wait.ENV in os.environ:
         env["env_vars"] = {idle_wait.ENV: os.environ[idle_wait.ENV], **env.get("env_vars", {})}
     return env

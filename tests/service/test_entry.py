@@ -140,14 +140,14 @@ finally:
     assert own[0] == "True" and float(own[1]) >= 4
 
 
-def test_the_idle_wait_reaches_every_worker_and_a_set_value_travels_with_the_job():
-    """``with_idle_wait`` (run in a child: it patches the process it runs in) adds the worker setup hook, keeps a hook
-    and variables the caller set, sends a wait set in the driver's environment along (a cluster's workers do not
-    inherit it), and adds nothing when the wait is off."""
+def test_the_worker_setup_reaches_every_worker_and_a_set_idle_wait_travels_with_the_job():
+    """``with_worker_setup`` (run in a child: it patches the process it runs in) adds the worker setup hook, keeps a
+    hook and variables the caller set, and sends an idle wait set in the driver's environment along (a cluster's
+    workers do not inherit it); with the wait off the hook stays (Ray Train's cleaner still needs it)."""
     code = (
         "import json; from ncdlr.service import entry\n"
-        "print(json.dumps([entry.with_idle_wait(None), "
-        "entry.with_idle_wait({'env_vars': {'A': '1'}, 'worker_process_setup_hook': 'x.y'})]))"
+        "print(json.dumps([entry.with_worker_setup(None), "
+        "entry.with_worker_setup({'env_vars': {'A': '1'}, 'worker_process_setup_hook': 'x.y'})]))"
     )
 
     def run(**env):
@@ -157,11 +157,13 @@ def test_the_idle_wait_reaches_every_worker_and_a_set_value_travels_with_the_job
 
     import json
 
+    worker_setup_hook = "ncdlr.service.worker_setup.setup_worker"
     default, kept = json.loads(run())
-    assert default == {"worker_process_setup_hook": "ncdlr.data.idle_wait.setup_worker"}
+    assert default == {"worker_process_setup_hook": worker_setup_hook}
     assert kept == {"env_vars": {"A": "1"}, "worker_process_setup_hook": "x.y"}
     default, kept = json.loads(run(NCDLR_RAY_DATA_IDLE_WAIT_S="0.05"))
     assert default["env_vars"] == {"NCDLR_RAY_DATA_IDLE_WAIT_S": "0.05"}
     assert kept["env_vars"] == {"NCDLR_RAY_DATA_IDLE_WAIT_S": "0.05", "A": "1"}
-    assert json.loads(run(NCDLR_RAY_DATA_IDLE_WAIT_S="0")) == [None, {"env_vars": {"A": "1"},
-                                                                     "worker_process_setup_hook": "x.y"}]
+    assert json.loads(run(NCDLR_RAY_DATA_IDLE_WAIT_S="0")) == [
+        {"env_vars": {"NCDLR_RAY_DATA_IDLE_WAIT_S": "0"}, "worker_process_setup_hook": worker_setup_hook},
+        {"env_vars": {"NCDLR_RAY_DATA_IDLE_WAIT_S": "0", "A": "1"}, "worker_process_setup_hook": "x.y"}]

@@ -137,11 +137,12 @@ import json, sys
 import ray
 from ray.cluster_utils import Cluster
 from ncdlr.service.config import Config
+from ncdlr.service.entry import with_worker_setup
 from ncdlr.service.trainer import fit
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 128 * 1024**2})
 cluster.add_node(num_cpus=2, object_store_memory=128 * 1024**2)
-ray.init(address=cluster.address, log_to_driver=False)
+ray.init(address=cluster.address, log_to_driver=False, runtime_env=with_worker_setup(None))  # as init_ray
 cfg = Config()
 cfg.data.features, cfg.data.batch_size = sys.argv[1], 8
 cfg.model.encoder, cfg.model.head = "identity", "mlp"
