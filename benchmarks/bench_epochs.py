@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     split_rows = dataset(root + "/data", args.rows, args.decode)
     steps = split_rows["novel"] // args.batch
     ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env=with_worker_setup({"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}"}}))  # SleepViews unpickle
+             # read tasks unpickle SleepViews, so they need benchmarks/ on their path
+             runtime_env=with_worker_setup({"env_vars": {"PYTHONPATH": f"{HERE}:{HERE.parent}"}}))
     rates: dict[int, list[float]] = {1: [], args.passes: []}
     for round_ in range(args.rounds):
         for passes in (1, args.passes) if round_ % 2 == 0 else (args.passes, 1):
