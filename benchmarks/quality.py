@@ -30,6 +30,11 @@ Datasets
   fashion-cached-p1, fashion-cached-p2  the same on the class partitions of ``prepare fashion-mnist --seed 1`` / ``2``.
   fashion-cached-p3, fashion-cached-p4  two more (``--seed 3`` / ``4``), made in session 27 to check a selection rule
                on partitions it had never seen.
+  emoji-cached  Emoji-LT (``ncdlr prepare emoji``: the emoji-datasource drawings of two styles, classes = Unicode
+               subcategories, 35 + 35 with 414 → 12 and 132 → 12 training images) through the activation cache at
+               128 px (``ncdlr embed --encoder efficientnet_lite0 --image-size 128 --trainable-blocks 1 --views 8``):
+               a third real set, made in session 48 after every setting was fixed, so nothing was ever chosen on it;
+               the same budget, γ = 0.5·Ku = 17.5. emoji-cached-p1: the partition of ``prepare emoji --seed 1``.
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -228,7 +233,8 @@ LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdl
 CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8",
           "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8", "fashion-cached": "/work/cache/fm-lite0-96-b1-v8",
           "fashion-cached-p1": "/work/cache/fm-p1-lite0-96-b1-v8", "fashion-cached-p2": "/work/cache/fm-p2-lite0-96-b1-v8",
-          "fashion-cached-p3": "/work/cache/fm-p3-lite0-96-b1-v8", "fashion-cached-p4": "/work/cache/fm-p4-lite0-96-b1-v8"}
+          "fashion-cached-p3": "/work/cache/fm-p3-lite0-96-b1-v8", "fashion-cached-p4": "/work/cache/fm-p4-lite0-96-b1-v8",
+          "emoji-cached": "/work/cache/emoji-lite0-128-b1-v8", "emoji-cached-p1": "/work/cache/emoji-p1-lite0-128-b1-v8"}
 
 
 def dataset_items(items: list[str], flag: str, what: str) -> dict[str, str]:
@@ -310,10 +316,12 @@ def dataset_config(name: str, epochs: int | None) -> Config:
         # configs/openclipart.yaml's whole setting since session 35 (those sizes, the block term and the
         # class-balanced known loss) is `ncdlr-uniform-relax-task-cb`
         # γ = 0.5·Ku, the config's gamma_per_cluster: 10 (10.5 rounded, as every OpenClipart cell since session 7)
-        # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5
+        # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5; 17.5 at Emoji-LT's Ku = 35
         cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512
         if name.startswith("fashion-cached"):
             cfg.labeler.gamma = 2.5
+        if name.startswith("emoji-cached"):
+            cfg.labeler.gamma = 17.5
         cfg.model.head, cfg.model.trainable_blocks = "linear", 1
         cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 10, 1e-3, 1e-4, 1
         cfg.optim.epochs = epochs or cfg.optim.epochs

@@ -9,6 +9,7 @@ DATASET is one of
   imagenet100-lt  ImageNet-100 in ImageFolder layout, exponential tail per half
   fashion-mnist   Debian dataset-fashion-mnist (IDX release): 10 real classes, exponential tail per half
   openclipart     Debian openclipart-png: real clipart, natural tail (43 classes, 5.2k images)
+  emoji           emoji-datasource npm packages: real drawings of two styles, classes = Unicode subcategories
   synthetic       procedurally drawn shapes, written as an iNat-2018 release, prepared by inat18
 
 The output (--out) is a local folder or s3://bucket/prefix (endpoint, region and credentials from the
@@ -28,13 +29,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ncdlr.data.builders import cifar100, fashion_mnist, herbarium19, imagenet100, inat18, openclipart, synthetic
+from ncdlr.data.builders import cifar100, emoji, fashion_mnist, herbarium19, imagenet100, inat18, openclipart, synthetic
 from ncdlr.data.builders.common import SourceFormatError
 from ncdlr.data.manifest import DatasetFormatError, Manifest
 from ncdlr.data.storage import StorageError
 
 NAME = "prepare"
-HELP = ("prepare a dataset (iNat18, Herbarium19, CIFAR100-LT, ImageNet100-LT, Fashion-MNIST-LT, OpenClipart, synthetic) "
+HELP = ("prepare a dataset (iNat18, Herbarium19, CIFAR100-LT, ImageNet100-LT, Fashion-MNIST-LT, OpenClipart, Emoji, "
+        "synthetic) "
         "as shards")
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
     p.set_defaults(_build=_build_openclipart)
 
+    p = _sub(sub, "emoji", emoji, "emoji-datasource npm packages → Emoji-LT (real drawings, natural tail)")
+    p.add_argument("--root", type=Path, required=True, metavar="DIR",
+                   help="folder holding emoji-datasource-<style>/ for every style, e.g. DIR/node_modules after "
+                        "`npm install --prefix DIR emoji-datasource-google@16.0.0 emoji-datasource-twitter@16.0.0` "
+                        "(required)")
+    p.add_argument("--styles", nargs="+", choices=emoji.STYLES, default=["google", "twitter"], metavar="STYLE",
+                   help="drawings per emoji, one per style: any of google, twitter, apple, facebook; an emoji one "
+                        "style lacks is left out (default google twitter: openly licensed drawings)")
+    p.add_argument("--min-emoji", type=int, default=8, metavar="N",
+                   help="drop subcategories with fewer emoji drawn in every style (default 8)")
+    p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
+                   help="share of each class's emoji held out as test, with all their styles (default 0.2)")
+    p.add_argument("--min-test", type=int, default=2, metavar="N", help="at least N test emoji per class (default 2)")
+    _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
+    p.set_defaults(_build=_build_emoji)
+
     p = _sub(sub, "synthetic", synthetic, "procedural long-tailed shapes, via an iNat-2018-style tree")
     p.add_argument("--classes", type=int, default=10, metavar="N",
                    help="number of classes, 2..384; half known (default 10)")
@@ -207,6 +225,12 @@ def _build_openclipart(args: argparse.Namespace, **kw: object) -> Manifest:
                                            max_side=args.max_side,
                                            dedupe=not args.keep_duplicates)
     return openclipart.build(config, args.out, **kw)
+
+
+def _build_emoji(args: argparse.Namespace, **kw: object) -> Manifest:
+    config = emoji.EmojiConfig(root=args.root, styles=tuple(args.styles), seed=args.seed, min_emoji=args.min_emoji,
+                               test_fraction=args.test_fraction, min_test=args.min_test)
+    return emoji.build(config, args.out, **kw)
 
 
 def _build_synthetic(args: argparse.Namespace, **kw: object) -> Manifest:
