@@ -142,5 +142,7 @@ def test_a_malformed_index_is_an_error_naming_the_file(emoji_root: Path, text: s
 def test_unknown_style_and_too_few_classes_are_errors(emoji_root: Path) -> None:
     with pytest.raises(ValueError, match="styles"):
         emoji.plan(config(emoji_root, styles=("google", "noto")), progress=False)
+    with pytest.raises(ValueError, match="distinct"):
+        emoji.plan(config(emoji_root, styles=("google", "google")), progress=False)
     with pytest.raises(SourceFormatError, match="class"):
         emoji.plan(config(emoji_root, min_emoji=7), progress=False)

@@ -20,8 +20,10 @@ order. Inside each class a seeded shuffle of its *emoji* holds out ``max(min_tes
 them as ``test`` with every style's drawing, so an emoji's two renderings never straddle train and test (the
 second would leak the first). The rest go to ``known``/``novel`` by the class's group.
 
-Measured on emoji-datasource 16.0.0, styles google + twitter (default, seed 0): see ``docs/results.md``
-("Emoji-LT").
+Measured on emoji-datasource 16.0.0 (1911 emoji; 3786 drawings per style with the skin tones), styles google +
+twitter, the defaults: 70 of 99 subcategories kept, 1760 emoji, 3520 images (2816 training, 704 test); seed 0 gives
+35 known classes with 414 → 12 training images (the country flags known) and 35 novel with 132 → 12; seed 1 puts the
+flags among the novel classes (414 → 12). 6 s on 2 cores, 11 MB of PNGs; the shards are the same bytes on every build.
 
 Images: decoded, cropped to the bounding box of their non-transparent pixels, flattened onto white (RGB), and
 encoded as PNG (flat colour, as clipart). An image that cannot be decoded, or is fully transparent, is skipped and
@@ -99,8 +101,8 @@ def read_index(root: Path, styles: tuple[str, ...]) -> list[Emoji]:
     ``image`` / ``category`` / ``subcategory``.
     """
     unknown = [s for s in styles if s not in STYLES]
-    if not styles or unknown:
-        raise ValueError(f"styles must be a non-empty subset of {STYLES}, got {list(styles)}")
+    if not styles or unknown or len(set(styles)) != len(styles):
+        raise ValueError(f"styles must be distinct names out of {STYLES}, got {list(styles)}")
     for style in styles:
         if not package_dir(root, style).is_dir():
             raise SourceFormatError(f"{package_dir(root, style)} does not exist (install the packages with: "
