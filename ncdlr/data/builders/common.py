@@ -17,6 +17,7 @@ Bad input, decided once for all builders:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import zlib
@@ -270,6 +271,18 @@ def long_tail_targets(num_known: int, num_novel: int, n_max: int, known_ratio: f
 def subsample_order(num_candidates: int, seed: int, class_key: str | int) -> np.ndarray:
     """The seeded shuffle inside one class (method.md §1): keep the first ``n_c`` of this order."""
     return seeded_rng(seed, "subsample", class_key).permutation(num_candidates)
+
+
+def class_hold_out(num_items: int, seed: int, class_name: str, test_fraction: float, min_test: int,
+                   unit: str = "images") -> list[tuple[int, bool]]:
+    """``(index, is test)`` for each of a class's ``num_items`` items, in the class's seeded order: the first
+    ``max(min_test, round(test_fraction · n))`` are held out as test. ``ValueError`` naming the class when that
+    leaves no training item (``unit`` names what the items are in the message)."""
+    num_test = max(min_test, math.floor(test_fraction * num_items + 0.5))
+    if num_test >= num_items:
+        raise ValueError(f"class {class_name}: {num_items} {unit} cannot spare {num_test} for test")
+    order = subsample_order(num_items, seed, f"test:{class_name}")
+    return [(int(index), rank < num_test) for rank, index in enumerate(order)]
 
 
 def pick_long_tail(source_labels: np.ndarray, order: Sequence[int], targets: Sequence[int],

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import threading
 import warnings
@@ -53,12 +52,12 @@ from ncdlr.data.builders.common import (
     Plan,
     SkippedImage,
     SourceFormatError,
+    class_hold_out,
     class_table,
     natural_imbalance,
     progress_bar,
     skip_report,
     split_order,
-    subsample_order,
     write_plan,
 )
 from ncdlr.data.images import DECODE_ERRORS, clipart_to_rgb, encode, pixel_count
@@ -205,13 +204,10 @@ def plan(config: OpenClipartConfig, *, progress: bool = True) -> Plan:
     records: list[ImageRecord] = []
     for label, name in enumerate(names):
         items = by_class[name]
-        num_test = max(config.min_test, math.floor(config.test_fraction * len(items) + 0.5))
-        if num_test >= len(items):
-            raise ValueError(f"class {name}: {len(items)} images cannot spare {num_test} for test")
         group = "known" if label < len(known) else "novel"
-        for rank, index in enumerate(subsample_order(len(items), config.seed, f"test:{name}")):
+        for index, is_test in class_hold_out(len(items), config.seed, name, config.test_fraction, config.min_test):
             file, data = items[index]
-            records.append(ImageRecord(data, label, "test" if rank < num_test else group, name, file.source_id))
+            records.append(ImageRecord(data, label, "test" if is_test else group, name, file.source_id))
     classes = class_table(names, len(known), (r.label for r in records if r.split != "test"))
     info = DatasetInfo(
         name=config.name,
