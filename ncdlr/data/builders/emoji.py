@@ -61,7 +61,8 @@ from ncdlr.data.records import ImageRecord
 log = logging.getLogger(__name__)
 
 STYLES = ("google", "twitter", "apple", "facebook")
-INSTALL_HINT = "npm install --prefix DIR emoji-datasource-google@16.0.0 emoji-datasource-twitter@16.0.0; --root DIR/node_modules"
+INSTALL_HINT = ("npm install --prefix DIR emoji-datasource-google@16.0.0 emoji-datasource-twitter@16.0.0; "
+                "--root DIR/node_modules")
 IMAGE_SIZE_FOLDER = "64"
 REQUIRED_KEYS = ("image", "category", "subcategory")
 
