@@ -36,8 +36,7 @@ from ncdlr.data.storage import StorageError
 
 NAME = "prepare"
 HELP = ("prepare a dataset (iNat18, Herbarium19, CIFAR100-LT, ImageNet100-LT, Fashion-MNIST-LT, OpenClipart, Emoji, "
-        "synthetic) "
-        "as shards")
+        "synthetic) as shards")
 
 log = logging.getLogger(__name__)
 
