@@ -58,6 +58,9 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-uniform-relax-cb (ncdlr-uniform-relax with the class-balanced known loss, method.known_reweight = 1);
   ncdlr-uniform-relax-task-cb (ncdlr-uniform-relax with both: task_weight = 1 and known_reweight = 1);
   ncdlr-uniform-relax-task-cb-nb (that with the pseudo-cluster-balanced novel loss, method.novel_reweight = 1);
+  ncdlr-uniform-relax-bound and ncdlr-uniform-relax-task-cb-bound (ncdlr-uniform-relax and -task-cb with
+  labeler.relax_bound = known: the sizes held for the rest of the run once an epoch's pseudo-labels are more
+  imbalanced than the known classes' n_max/n_min or leave a cluster empty);
   uno-b2 and ncdlr-uniform-relax-b2 (the same two with the last two encoder blocks trained, model.trainable_blocks
   = 2: a cache made with ``ncdlr embed --trainable-blocks 2``, given with --table).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
@@ -221,6 +224,13 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # the power is known_reweight's, fixed before any run
     "ncdlr-uniform-relax-task-cb-nb": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M},
                                        "method": {"task_weight": 1.0, "known_reweight": 1.0, "novel_reweight": 1.0}},
+    # session 49: relaxed sizes held at w for the rest of the run once an epoch's hard pseudo-labels are more
+    # imbalanced than the known classes' training n_max/n_min, or leave a cluster without one (labeler.relax_bound
+    # known): the relaxation may follow the long tail the labelled classes show, not run past it. Alone and on the
+    # OpenClipart-LT config; the bound is the one the bounded prior reads (labeler.max_imbalance 0), fixed before any run
+    "ncdlr-uniform-relax-bound": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"}},
+    "ncdlr-uniform-relax-task-cb-bound": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"},
+                                          "method": {"task_weight": 1.0, "known_reweight": 1.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
@@ -458,7 +468,12 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "test_pred": test_pred, "test_novel_pred": test_novel_pred, "holdout_view": holdout_view,
             "novel_heldout_pred": None if probe is None else novel_predictions(trained, probe, splits.num_known),
             "heads": heads,
-            "last_epoch_pseudo_labels": {k: trained.metrics.get(k) for k in ("clusters_empty", "cluster_imbalance")}}
+            "last_epoch_pseudo_labels": {k: trained.metrics.get(k) for k in ("clusters_empty", "cluster_imbalance")},
+            "pseudo_labels_per_epoch": [{k: m.get(k) for k in ("clusters_empty", "cluster_imbalance")}
+                                        for m in trained.history],
+            "relax_bound": cfg.labeler.relax_bound,
+            "sizes_held_from_epoch": next((m["sizes_held_from_epoch"] for m in trained.history
+                                           if "sizes_held_from_epoch" in m), None)}
 
 
 def head_diagnosis(run, splits: FeatureSplits) -> dict | None:

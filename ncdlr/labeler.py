@@ -22,6 +22,13 @@ from ncdlr.ot import ScaledKernel, size_exponent
 from ncdlr.priors import PriorKind, ScalarPrior, build_prior, rank_by_mass
 
 
+def ran_past_bound(clusters_empty: float, imbalance: float, bound: float) -> bool:
+    """Whether pseudo-labels with ``clusters_empty`` clusters that got none and ``imbalance`` (largest cluster's
+    count over the smallest non-empty one; NaN: no pseudo-label) ran past an imbalance ``bound`` > 1: a cluster
+    with none is past any bound (its share is 0), and so is an imbalance above it. NaN alone is not (nothing to read)."""
+    return clusters_empty > 0 or imbalance > bound
+
+
 class AdaptiveSelfLabeler(nn.Module):
     """Adaptive self-labeling: relaxed OT with a learned cluster-size marginal (method.md §4).
 
@@ -47,7 +54,10 @@ class AdaptiveSelfLabeler(nn.Module):
     ``test_relaxed_sizes_towards_the_uniform_marginal_solve_the_papers_relaxed_ot_with_w_free``). ``size_bounds =
     (low, high)`` (relaxed sizes and a prior that does not learn) keeps each cluster's share of a solve in
     ``[low, high]`` (:func:`ncdlr.ot.sinkhorn`; ``labeler.size_floor`` is ``low``): the relaxation may follow the
-    scores, but no cluster shrinks below the floor. The learned
+    scores, but no cluster shrinks below the floor. ``relax_bound`` (relaxed sizes only; ``labeler.relax_bound``,
+    resolved) is how far the relaxation may take the pseudo-labels: the training loop hands it each epoch's hard
+    pseudo-label counts (:meth:`watch_epoch_sizes`), and once they are more imbalanced than the bound the sizes are
+    held at ``w`` for the rest of the run (:attr:`relax_stopped`, checkpointed). The learned
     parameter and its SGD state persist across calls and are part of ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
     gathered problem stay in lock-step.
     """
@@ -68,6 +78,7 @@ class AdaptiveSelfLabeler(nn.Module):
         max_imbalance: float | None = None,
         reg_m: float = 0.0,
         size_bounds: tuple[float, float] | None = None,
+        relax_bound: float | None = None,
     ) -> None:
         super().__init__()
         if num_clusters < 1:
@@ -84,6 +95,13 @@ class AdaptiveSelfLabeler(nn.Module):
             raise ValueError(f"size bounds hold relaxed sizes under a prior that does not learn: they need reg_m > 0 "
                              f"and prior uniform or fixed, got reg_m={reg_m}, prior={prior!r}")
         self.size_bounds = size_bounds
+        if relax_bound is not None and (reg_m == 0 or not relax_bound > 1):
+            raise ValueError(f"relax_bound bounds relaxed sizes: it needs reg_m > 0 and a bound > 1, got reg_m={reg_m}, "
+                             f"relax_bound={relax_bound}")
+        self.relax_bound = relax_bound
+        #: True once an epoch's pseudo-labels ran past :attr:`relax_bound`: the sizes are held at ``w`` from then on
+        #: (state: checkpointed, so a resumed run keeps holding them)
+        self.relax_stopped = False
         #: True while a warm-up holds the sizes at ``w`` despite ``reg_m`` > 0 (``labeler.relax_after_epochs``, set per
         #: step by the training loop); a run-time switch, not state: the loop derives it from the step on resume
         self.sizes_held = False
@@ -105,7 +123,20 @@ class AdaptiveSelfLabeler(nn.Module):
         return cls(num_clusters, prior=cfg.prior, eps=cfg.eps, n_iters=cfg.n_iters, outer_steps=cfg.outer_steps,
                    gamma=cfg.gamma_for(num_clusters), lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
                    max_imbalance=cfg.max_imbalance or None, reg_m=cfg.reg_m,
-                   size_bounds=cls.bounds_for(cfg, num_clusters))
+                   size_bounds=cls.bounds_for(cfg, num_clusters),
+                   relax_bound=cls.relax_bound_for(cfg) if cfg.reg_m > 0 else None)
+
+    @staticmethod
+    def relax_bound_for(cfg: LabelerConfig) -> float | None:
+        """``cfg.relax_bound`` as a number (resolved), or None for ``"none"`` (:meth:`from_config` drops it where
+        ``reg_m`` is 0: held sizes have nothing to bound, so a config's bound stays valid under ``--labeler.reg_m 0``)."""
+        if cfg.relax_bound == "none":
+            return None
+        try:
+            return float(cfg.relax_bound)
+        except ValueError:
+            raise ValueError(f"labeler.relax_bound={cfg.relax_bound!r} is not resolved to a number (the trainer fills "
+                             f"'known' from the data)") from None
 
     @staticmethod
     def bounds_for(cfg: LabelerConfig, num_clusters: int) -> tuple[float, float] | None:
@@ -126,8 +157,8 @@ class AdaptiveSelfLabeler(nn.Module):
     @property
     def kappa(self) -> float:
         """The Sinkhorn column updates' power ``κ = ρ / (ρ + ε)`` (1: the sizes held at ``w``, also while
-        :attr:`sizes_held`)."""
-        return 1.0 if self.sizes_held else size_exponent(self.reg_m, self.eps)
+        :attr:`sizes_held` and once :attr:`relax_stopped`)."""
+        return 1.0 if self.sizes_held or self.relax_stopped else size_exponent(self.reg_m, self.eps)
 
     @property
     def active_bounds(self) -> tuple[float, float] | None:
@@ -139,11 +170,22 @@ class AdaptiveSelfLabeler(nn.Module):
         """``τ = w_max / w_min`` of the current prior (``1 + exp(t)`` for ``adaptive``)."""
         return self.prior.imbalance_factor(self.last_prior)
 
+    def watch_epoch_sizes(self, counts_empty: float, imbalance: float) -> bool:
+        """After a self-labeling epoch: its hard pseudo-labels' ``counts_empty`` (clusters that got none) and
+        ``imbalance`` (largest count over the smallest non-empty one; :func:`ncdlr.metrics.pseudo_label_sizes`).
+        Holds the sizes from now on when they ran past :attr:`relax_bound` (:func:`ran_past_bound`); True when
+        this call stopped the relaxation."""
+        if self.relax_bound is None or self.relax_stopped or self.kappa == 1.0:
+            return False
+        self.relax_stopped = ran_past_bound(counts_empty, imbalance, self.relax_bound)
+        return self.relax_stopped
+
     def get_extra_state(self) -> dict:
-        return {"optimizer": self._optimizer.state_dict() if self._optimizer else {}}
+        return {"optimizer": self._optimizer.state_dict() if self._optimizer else {}, "relax_stopped": self.relax_stopped}
 
     def set_extra_state(self, state: dict) -> None:
         self._graphs.clear()  # captured graphs point at the momentum tensor that is replaced here
+        self.relax_stopped = bool(state.get("relax_stopped", False))  # checkpoints before relax_bound: never stopped
         if self._optimizer is not None and state.get("optimizer"):
             self._optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never alias the source's momentum
 

@@ -9,7 +9,7 @@ import torch
 from ncdlr.data.longtail import long_tail_counts
 from ncdlr.metrics import cluster_accuracy
 from ncdlr import labeler_fast
-from ncdlr.labeler import AdaptiveSelfLabeler
+from ncdlr.labeler import AdaptiveSelfLabeler, ran_past_bound
 from ncdlr.method_settings import LabelerConfig
 from ncdlr.ot import ScaledKernel
 from ncdlr.priors import bounded_cluster_prior, cluster_prior, rank_by_mass
@@ -183,7 +183,10 @@ def test_from_config_takes_every_labeler_field_of_the_config():
                  LabelerConfig(gamma=3.0, gamma_per_cluster=0.25), 20).gamma == 5.0,  # 0.25 · Ku, over gamma
              "size_floor": AdaptiveSelfLabeler.from_config(
                  LabelerConfig(prior="uniform", reg_m=0.2, size_floor="0.01"), 20).size_bounds == (0.01, 1.0)
-             and labeler.size_bounds is None}
+             and labeler.size_bounds is None,
+             "relax_bound": AdaptiveSelfLabeler.from_config(
+                 LabelerConfig(prior="uniform", reg_m=0.2, relax_bound="12.5"), 20).relax_bound == 12.5
+             and labeler.relax_bound is None}
     assert all(taken.values()), taken
     # the discovery step's, and the training loop's (it sets sizes_held per step from relax_after_epochs)
     labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer", "relax_after_epochs"}
@@ -194,6 +197,9 @@ def test_from_config_takes_every_labeler_field_of_the_config():
     assert uniform_floor.size_bounds == (1 / 20, 1.0)  # a floor above 1/K is lowered to it
     with pytest.raises(ValueError, match="size_floor='known' is not resolved"):
         AdaptiveSelfLabeler.from_config(LabelerConfig(prior="uniform", reg_m=0.2, size_floor="known"), 20)
+    with pytest.raises(ValueError, match="relax_bound='known' is not resolved"):
+        AdaptiveSelfLabeler.from_config(LabelerConfig(prior="uniform", reg_m=0.2, relax_bound="known"), 20)
+    assert AdaptiveSelfLabeler.from_config(LabelerConfig(relax_bound="known"), 20).relax_bound is None  # reg_m 0: inert
     fixed = AdaptiveSelfLabeler.from_config(LabelerConfig(prior="fixed"), 20, fixed_prior=sizes)
     assert fixed.imbalance_factor == pytest.approx(20.0)
 
@@ -216,6 +222,46 @@ def test_held_sizes_solve_as_reg_m_zero_and_release_the_relaxation_afterwards(pr
     labels = held(scores)
     torch.testing.assert_close(labels, relaxed(scores))
     assert not torch.allclose(labels, exact(scores), atol=1e-3)
+
+
+def test_pseudo_labels_run_past_a_bound_with_an_empty_cluster_or_a_larger_imbalance():
+    assert not ran_past_bound(0.0, 9.9, 10.0) and not ran_past_bound(0.0, 10.0, 10.0)
+    assert ran_past_bound(0.0, 10.5, 10.0)
+    assert ran_past_bound(1.0, 2.0, 10.0)  # a cluster with no pseudo-label: share 0, past any bound
+    assert not ran_past_bound(0.0, float("nan"), 10.0)  # no pseudo-label at all: nothing to read
+
+
+def test_a_relax_bound_holds_the_sizes_from_the_epoch_that_runs_past_it_and_the_state_keeps_it():
+    """``labeler.relax_bound``: epochs within the bound leave the sizes relaxed (κ = 0.9); the first one past it
+    holds them (κ = 1, the solve of ``reg_m = 0``) for good, and ``state_dict()`` carries that to a resumed run.
+    A checkpoint written before the bound existed loads as not stopped."""
+    scores = torch.randn(96, 6).clamp(-1, 1)
+    labeler = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0)
+    exact = AdaptiveSelfLabeler(6, prior="uniform")
+    assert not labeler.watch_epoch_sizes(0.0, 9.0) and labeler.kappa == pytest.approx(0.9)
+    assert not torch.allclose(labeler(scores), exact(scores), atol=1e-3)
+    assert labeler.watch_epoch_sizes(0.0, 14.0) and labeler.relax_stopped and labeler.kappa == 1.0
+    torch.testing.assert_close(labeler(scores), exact(scores))
+    assert not labeler.watch_epoch_sizes(0.0, 2.0) and labeler.kappa == 1.0  # held for good, reported once
+    resumed = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0)
+    resumed.load_state_dict(labeler.state_dict())
+    assert resumed.relax_stopped and resumed.kappa == 1.0
+    old = {k: v for k, v in labeler.state_dict().items()}
+    old["_extra_state"] = {"optimizer": {}}
+    fresh = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0)
+    fresh.load_state_dict(old)
+    assert not fresh.relax_stopped
+    unbounded = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45)
+    assert not unbounded.watch_epoch_sizes(5.0, 1e6) and unbounded.kappa == pytest.approx(0.9)
+    warming = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0)
+    warming.sizes_held = True  # a warm-up epoch (relax_after_epochs) held the sizes: nothing relaxed to judge
+    assert not warming.watch_epoch_sizes(3.0, 50.0) and not warming.relax_stopped
+
+
+@pytest.mark.parametrize("reg_m, bound", [(0.0, 10.0), (0.45, 1.0), (0.45, 0.5)])
+def test_a_relax_bound_needs_relaxed_sizes_and_an_imbalance_above_one(reg_m, bound):
+    with pytest.raises(ValueError, match="relax_bound bounds relaxed sizes"):
+        AdaptiveSelfLabeler(6, prior="uniform", reg_m=reg_m, relax_bound=bound)
 
 
 def test_wrong_number_of_clusters_in_scores_is_a_clear_error():

@@ -225,6 +225,11 @@ def _check_choice(key: str, value: Any) -> None:
         if value not in ("none", "known") and not 0 < _as_share(value) <= 1:
             raise ConfigError(f"config key {key!r}: expected 'none', 'known' or a share in (0, 1], got {value!r}")
         return
+    if key == "labeler.relax_bound":
+        if value not in ("none", "known") and not _as_share(value) > 1:
+            raise ConfigError(f"config key {key!r}: expected 'none', 'known' or an imbalance > 1 (largest over smallest "
+                              f"cluster), got {value!r}")
+        return
     if key == "model.num_novel":
         if value != "auto" and not (value.isdigit()):
             raise ConfigError(f"config key {key!r}: expected 'auto' or a non-negative integer "

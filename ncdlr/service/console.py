@@ -117,7 +117,9 @@ def cluster_sizes_phrase(labeler: AdaptiveSelfLabeler | None, relax_after_epochs
     kind = labeler.prior.kind
     if labeler.reg_m > 0:
         held = f" after {relax_after_epochs:g} epoch(s) held" if relax_after_epochs > 0 else ""
-        return f"sizes relaxed towards the {kind} prior (reg_m {labeler.reg_m:g}){held}"
+        bound = f", held once the pseudo-labels pass {labeler.relax_bound:g}-fold" if labeler.relax_bound else ""
+        stopped = " (held since the bound was passed)" if labeler.relax_stopped else ""
+        return f"sizes relaxed towards the {kind} prior (reg_m {labeler.reg_m:g}){held}{bound}{stopped}"
     return f"sizes held at the {kind} prior"
 
 
@@ -212,9 +214,16 @@ class EpochLog:
         if empty:
             self.say("line", f"[ncdlr] warning: {empty} of {state.model.num_novel} novel clusters got no pseudo-label "
                              f"in epoch {state.epoch} (the others' sizes differ {metrics['cluster_imbalance']:.0f}-fold); "
-                             "a cluster no row is labelled with discovers nothing. Measured with relaxed sizes "
-                             "(labeler.reg_m > 0) and a learned prior; with --labeler.prior uniform at most 1 of 21 "
-                             "clusters ended empty there (docs/results.md, session 22)")
+                             "a cluster no row is labelled with discovers nothing. Seen with relaxed sizes "
+                             "(labeler.reg_m > 0): on Emoji-LT (35 novel classes) they left 6-10 clusters without a "
+                             "training row (docs/results.md, session 48); --labeler.relax_bound known holds the sizes "
+                             "once an epoch's pseudo-labels run past the known classes' imbalance")
+        if "sizes_held_from_epoch" in metrics:
+            labeler = state.labeler
+            self.say("line", f"[ncdlr] the relaxed cluster sizes ran past labeler.relax_bound {labeler.relax_bound:g} in "
+                             f"epoch {state.epoch} ({empty} clusters without a pseudo-label, the others' sizes "
+                             f"{metrics['cluster_imbalance']:.0f}-fold apart): held at the {labeler.prior.kind} prior's "
+                             f"sizes from epoch {int(metrics['sizes_held_from_epoch'])} on")
         for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share",
                     "clusters_empty", "cluster_imbalance"):
             if key in metrics:

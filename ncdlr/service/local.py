@@ -34,6 +34,7 @@ class TrainedRun:
     tau_history: list[float] = field(default_factory=list)
     seconds: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)  # the last epoch's (run_epoch's means)
+    history: list[dict[str, float]] = field(default_factory=list)  # every epoch's metrics, in order
 
 
 def oracle_prior(cfg: Config, splits: FeatureSplits) -> torch.Tensor | None:
@@ -80,13 +81,16 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
     state = local_state(cfg, model, steps, fixed_prior=oracle_prior(cfg, splits),
                         known_counts=splits.train_counts()[:splits.num_known])
     metrics: dict[str, float] = {}
+    history: list[dict[str, float]] = []
     for epoch in range(cfg.optim.epochs):
         metrics = run_epoch(state, feature_batches(splits, cfg.data, cfg.run.seed, epoch, 0, 1), cfg.optim)
+        history.append(metrics)
         if on_epoch is not None:
             on_epoch(epoch + 1, TrainedRun(model, state.method, list(state.tau_history), time.perf_counter() - start,
                                            metrics))
     final = state.averaged_model()  # the weights' moving average with optim.average_epochs > 0, else the last iterate
-    return TrainedRun(final.eval(), state.method, list(state.tau_history), time.perf_counter() - start, metrics)
+    return TrainedRun(final.eval(), state.method, list(state.tau_history), time.perf_counter() - start, metrics,
+                      history)
 
 
 @torch.no_grad()

@@ -69,10 +69,10 @@ def needs_max_imbalance(labeler) -> bool:
     return labeler.prior in ("bounded", "anchored")
 
 
-def known_imbalance(train_counts, num_known: int) -> float:
+def known_imbalance(train_counts, num_known: int, what: str = "labeler.max_imbalance=0") -> float:
     """``n_max / n_min`` over the known classes' training counts ``train_counts[:num_known]`` (observable without a
     novel label; classes with no row are left out)."""
-    counts = _known_counts(train_counts, num_known, "labeler.max_imbalance=0")
+    counts = _known_counts(train_counts, num_known, what)
     return float(counts.max() / counts.min())
 
 
@@ -95,11 +95,18 @@ def _known_counts(train_counts, num_known: int, what: str) -> np.ndarray:
 
 def fill_from_known(cfg, train_counts, num_known: int, novel_rows: int) -> dict[str, object]:
     """Resolve in ``cfg`` what stands for a measure of the known classes: ``labeler.max_imbalance = 0`` where the prior
-    reads it (their ``n_max / n_min``) and ``labeler.size_floor = "known"`` (the rarest one's share of the
+    reads it (their ``n_max / n_min``), ``labeler.relax_bound = "known"`` (the same ratio) and
+    ``labeler.size_floor = "known"`` (the rarest one's share of the
     ``novel_rows``). Returns ``{key: value filled in}``."""
     filled: dict[str, object] = {}
     if needs_max_imbalance(cfg.labeler) and not cfg.labeler.max_imbalance:
         cfg.labeler.max_imbalance = filled["labeler.max_imbalance"] = known_imbalance(train_counts, num_known)
+    if cfg.labeler.relax_bound == "known" and cfg.labeler.reg_m > 0:
+        bound = known_imbalance(train_counts, num_known, "labeler.relax_bound=known")
+        if not bound > 1:
+            raise ConfigError(f"labeler.relax_bound=known: the known classes' training counts are all equal (n_max/n_min "
+                              f"= {bound:g}), so they bound no imbalance; set labeler.relax_bound to a number > 1")
+        cfg.labeler.relax_bound = filled["labeler.relax_bound"] = f"{bound:.6g}"
     if cfg.labeler.size_floor == "known":
         share = rarest_known_share(train_counts, num_known, novel_rows)
         cfg.labeler.size_floor = filled["labeler.size_floor"] = f"{share:.6g}"

@@ -293,6 +293,18 @@ def epoch_cluster_sizes(state: WorkerState) -> dict[str, float]:
     return pseudo_label_sizes(counts.cpu().numpy())
 
 
+def watch_relaxation(state: WorkerState, sizes: dict[str, float]) -> dict[str, float]:
+    """Hand an epoch's pseudo-label sizes (:func:`epoch_cluster_sizes`, the same on every rank) to every labeler's
+    ``labeler.relax_bound`` watch (:meth:`~ncdlr.labeler.AdaptiveSelfLabeler.watch_epoch_sizes`). Returns
+    ``{"sizes_held_from_epoch": e}`` when this epoch stopped a relaxation (the sizes are held from epoch ``e + 1``
+    on), else ``{}``."""
+    if not sizes:
+        return {}
+    stopped = [labeler.watch_epoch_sizes(sizes["clusters_empty"], sizes["cluster_imbalance"])
+               for labeler in state.method.labelers]
+    return {"sizes_held_from_epoch": float(state.epoch + 1)} if any(stopped) else {}
+
+
 def mix_plans(state: WorkerState, batch: PairedBatch, alpha: float) -> tuple[MixPlan, MixPlan] | None:
     """The step's mixup pairings (known rows, novel rows), drawn from (run seed, step, rank, which); None when
     ``optim.mixup`` is 0. Seeded per step, so a resumed run pairs the rows as an uninterrupted one."""
@@ -308,7 +320,7 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimCo
     """Train over ``batches``; return epoch means of the step stats, phase shares, ``steps_per_s``, the epoch's
     start-up: ``first_batch_s`` (waiting for the first batch) and ``first_step_s`` (the first step), and, after a
     self-labeling epoch, the label-free ``clusters_empty`` and ``cluster_imbalance`` of its pseudo-labels
-    (:func:`epoch_cluster_sizes`)."""
+    (:func:`epoch_cluster_sizes`), and ``sizes_held_from_epoch`` when they stopped a relaxation (:func:`watch_relaxation`)."""
     times = StepTimes()
     first: list[float] = []
     sums: dict[str, float] = {}
@@ -347,6 +359,7 @@ def run_epoch(state: WorkerState, batches: Iterable[PairedBatch], optim: OptimCo
     out.update({"steps": float(steps), "steps_per_s": steps / max(elapsed, 1e-9), "epoch": float(state.epoch),
                 "tau": state.method.imbalance_factor, "lr": state.scheduler.get_last_lr()[0]})
     out.update(sizes)
+    out.update(watch_relaxation(state, sizes))
     if head_losses is not None:
         out["head"] = float(state.model.selected)
         out.update({f"loss_u_head{h}": value for h, value in enumerate(head_losses)})

@@ -204,10 +204,12 @@ def test_uno_on_top_of_a_dataset_config_holds_its_sizes_unless_the_command_line_
     (sizes held, no floor) and logs it; ``--labeler.reg_m`` on the command line, or ``method.name: uno`` in the same
     file, keeps the relaxation; ncdlr keeps the file's value."""
     config = tmp_path / "dataset.yaml"
-    config.write_text("labeler:\n  prior: uniform\n  reg_m: 0.45\n  size_floor: known\n  relax_after_epochs: 1\n")
+    config.write_text("labeler:\n  prior: uniform\n  reg_m: 0.45\n  size_floor: known\n  relax_after_epochs: 1\n"
+                      "  relax_bound: known\n")
     with caplog.at_level("WARNING", logger="ncdlr.service.config"):
         uno = load_config(config, ["--method.name", "uno"])
-    assert (uno.labeler.reg_m, uno.labeler.size_floor, uno.labeler.relax_after_epochs) == (0.0, "none", 0.0)
+    assert (uno.labeler.reg_m, uno.labeler.size_floor, uno.labeler.relax_after_epochs, uno.labeler.relax_bound) == (
+        0.0, "none", 0.0, "none")
     assert "labeler.reg_m=0.45" in caplog.text and "method.name='uno'" in caplog.text
     assert build_method(uno.method, uno.labeler, KU).labeler.kappa == 1.0
     assert load_config(config, []).labeler.reg_m == 0.45

@@ -130,6 +130,18 @@ def test_size_floor_needs_relaxed_sizes_under_a_prior_that_does_not_learn():
         load_config(None, ["--labeler.max_imbalance", "0.5"])
 
 
+def test_relax_bound_takes_known_or_an_imbalance_above_one_and_is_inert_under_held_sizes():
+    """``labeler.relax_bound``: "known" (the trainer fills in the known classes' n_max/n_min) or a number > 1. With
+    ``reg_m`` 0 it is accepted and inert, so a config's bound does not break ``--labeler.reg_m 0`` (held sizes)."""
+    relaxed = ["--labeler.prior", "uniform", "--reg-m", "0.45"]
+    assert load_config(None, relaxed + ["--labeler.relax_bound", "known"]).labeler.relax_bound == "known"
+    assert load_config(None, relaxed + ["--labeler.relax_bound", "34.5"]).labeler.relax_bound == "34.5"
+    assert load_config(None, ["--labeler.relax_bound", "known"]).labeler.reg_m == 0.0
+    for bad in ("rarest", "1", "0.5", "-3"):
+        with pytest.raises(ConfigError, match="'labeler.relax_bound': expected 'none', 'known' or an imbalance > 1"):
+            load_config(None, relaxed + ["--labeler.relax_bound", bad])
+
+
 def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negative_count():
     assert load_config(None, ["--known-warmup-epochs", "1.5"]).optim.known_warmup_epochs == 1.5
     with pytest.raises(ConfigError, match="optim.known_warmup_epochs"):

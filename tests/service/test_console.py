@@ -57,7 +57,37 @@ def test_the_first_line_says_how_the_clusters_sizes_are_treated():
     assert cluster_sizes_phrase(relaxed) == "sizes relaxed towards the uniform prior (reg_m 0.45)"
     assert (cluster_sizes_phrase(relaxed, relax_after_epochs=1.0)
             == "sizes relaxed towards the uniform prior (reg_m 0.45) after 1 epoch(s) held")
+    bounded = AdaptiveSelfLabeler(5, prior="uniform", reg_m=0.45, relax_bound=34.5)
+    assert (cluster_sizes_phrase(bounded) == "sizes relaxed towards the uniform prior (reg_m 0.45), held once the "
+                                             "pseudo-labels pass 34.5-fold")
+    bounded.relax_stopped = True  # a run resumed after its relaxation stopped
+    assert cluster_sizes_phrase(bounded).endswith("34.5-fold (held since the bound was passed)")
     assert cluster_sizes_phrase(None) == ""
+
+
+def test_the_epoch_that_stops_a_relaxation_says_so_in_a_line(tmp_path, capfd):
+    """``labeler.relax_bound``: the epoch whose pseudo-labels ran past it gets one line saying the bound, what the
+    pseudo-labels did, and from which epoch the sizes are held."""
+    from types import SimpleNamespace
+
+    from ncdlr.labeler import AdaptiveSelfLabeler
+    from ncdlr.service.config import Config
+    from ncdlr.service.console import EpochLog
+
+    cfg = Config()
+    cfg.run.output = str(tmp_path)
+    log = EpochLog(cfg, rank=0)
+    state = SimpleNamespace(epoch=2, model=SimpleNamespace(num_novel=35),
+                            labeler=AdaptiveSelfLabeler(35, prior="uniform", reg_m=0.45, relax_bound=34.5))
+    metrics = {"epoch_s": 1.0, "loss": 0.5, "tau": 1.0, "bad_images": 0.0, "steps_per_s": 9.0, "clusters_empty": 0.0}
+    log.epoch(state, {**metrics, "cluster_imbalance": 20.0})
+    log.epoch(state, {**metrics, "cluster_imbalance": 41.3, "sizes_held_from_epoch": 3.0})
+    log.close()
+    lines = capfd.readouterr().out.splitlines()
+    stops = [line for line in lines if "relax_bound" in line]
+    assert len(lines) == 3 and len(stops) == 1
+    assert ("ran past labeler.relax_bound 34.5 in epoch 2" in stops[0] and "41-fold" in stops[0]
+            and "held at the uniform prior's sizes from epoch 3 on" in stops[0])
 
 
 def test_the_first_line_names_the_optional_loss_terms_that_are_on():

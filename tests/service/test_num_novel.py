@@ -161,6 +161,16 @@ def test_known_measures_are_filled_in_from_the_known_classes_where_the_labeler_r
     given = from_dict({"labeler": {"prior": "anchored", "max_imbalance": 40.0}})
     assert fill_from_known(given, summary.train_counts, summary.num_known, 36) == {}
     assert given.labeler.max_imbalance == 40.0
+    bounded = from_dict({"labeler": {"prior": "uniform", "reg_m": 0.45, "relax_bound": "known"}})
+    assert fill_from_known(bounded, summary.train_counts, summary.num_known, 36) == {"labeler.relax_bound": f"{9 / 7:.6g}"}
+    held = from_dict({"labeler": {"relax_bound": "known"}})  # reg_m 0: inert, left as given
+    assert fill_from_known(held, summary.train_counts, summary.num_known, 36) == {}
+    with pytest.raises(ConfigError, match="relax_bound=known: the known classes' training counts are all equal"):
+        fill_from_known(from_dict({"labeler": {"prior": "uniform", "reg_m": 0.45, "relax_bound": "known"}}),
+                        [4, 4, 5, 3], 2, 8)
+    with pytest.raises(ConfigError, match="labeler.relax_bound=known stands for a measure of the known classes"):
+        fill_from_known(from_dict({"labeler": {"prior": "uniform", "reg_m": 0.45, "relax_bound": "known"}}),
+                        [0, 0, 5, 3], 2, 8)
     plain = Config()
     assert fill_from_known(plain, summary.train_counts, summary.num_known, 36) == {}
     assert plain.labeler.max_imbalance == 0.0 and plain.labeler.size_floor == "none"

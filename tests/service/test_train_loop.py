@@ -113,6 +113,43 @@ def test_the_relaxations_warm_up_holds_the_sizes_for_its_epochs_of_self_labeling
     assert kappas == [1.0] * steps + [pytest.approx(0.9)] * (discovery - steps)
 
 
+def test_a_relax_bound_holds_the_sizes_from_the_epoch_after_the_one_that_ran_past_it_also_after_a_resume(
+        splits, tmp_path):
+    """``labeler.relax_bound``: the epoch's pseudo-label sizes (summed as ``clusters_empty`` / ``cluster_imbalance``)
+    go to the labeler after each epoch; an epoch past the bound stops the relaxation, ``sizes_held_from_epoch``
+    says from which epoch, and every later solve holds the sizes (κ = 1). A bound no epoch reaches changes nothing.
+    The stop is in the checkpoint: a resumed run holds the sizes too."""
+    cfg = small_config()
+    cfg.labeler.prior, cfg.labeler.reg_m, cfg.labeler.relax_bound = "uniform", 0.45, "1.0001"
+    state = new_state(cfg, splits)
+    kappas: list[float] = []
+    targets = state.method.novel_targets_heads
+    state.method.novel_targets_heads = lambda *args: (kappas.append(state.labeler.kappa), targets(*args))[1]
+    first = run_epoch(state, batches(splits, cfg, 0), cfg.optim)
+    assert first["cluster_imbalance"] > 1.0001 and first["sizes_held_from_epoch"] == 2.0
+    steps = len(kappas)
+    second = run_epoch(state, batches(splits, cfg, 1), cfg.optim)
+    assert "sizes_held_from_epoch" not in second  # said once, at the epoch that stopped it
+    assert kappas == [pytest.approx(0.9)] * steps + [1.0] * steps
+    save_state(tmp_path, state, buffer=buffer_of(state).state_dict(), rng=[rng_state()], config=cfg.to_dict())
+    resumed = new_state(cfg, splits)
+    assert not resumed.labeler.relax_stopped
+    restore_state(resumed, load_checkpoint(tmp_path))
+    assert resumed.labeler.relax_stopped and resumed.labeler.kappa == 1.0
+
+    loose = small_config()
+    loose.labeler.prior, loose.labeler.reg_m, loose.labeler.relax_bound = "uniform", 0.45, "1e9"
+    bounded = new_state(loose, splits)
+    plain_cfg = small_config()
+    plain_cfg.labeler.prior, plain_cfg.labeler.reg_m = "uniform", 0.45
+    plain = new_state(plain_cfg, splits)
+    for epoch in range(2):
+        a = run_epoch(bounded, batches(splits, loose, epoch), loose.optim)
+        b = run_epoch(plain, batches(splits, plain_cfg, epoch), plain_cfg.optim)
+        assert a["loss"] == b["loss"] and "sizes_held_from_epoch" not in a
+    assert not bounded.labeler.relax_stopped
+
+
 def test_an_epoch_reports_how_many_clusters_its_pseudo_labels_left_empty(splits):
     """``clusters_empty`` / ``cluster_imbalance``: the epoch's hard pseudo-labels (both views, valid rows) counted
     per novel cluster, read from the targets the steps trained on; none in a known-class warm-up epoch."""
