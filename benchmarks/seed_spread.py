@@ -31,7 +31,8 @@ column, and each known class's accuracy and novel share, ordered by training cou
 With ``--sizes`` it also prints, per (dataset, variant), the sizes of the model's novel clusters on the novel
 training rows (:func:`cluster_sizes`, label-free: the argmax over the novel columns that ``novel_train_pred`` kept):
 how many of the Ku clusters hold no row, and the largest over the smallest non-empty cluster, against the same
-ratio of the true novel classes' training counts.
+ratio of the true novel classes' training counts; and in how many runs ``labeler.relax_bound`` held the sizes, from
+which epoch (:func:`relax_stops`).
 
 With ``--routing`` it also prints, per (dataset, variant), how much of the test novel accuracy is lost between the
 known and the novel columns rather than among the novel clusters (:func:`routing`): the novel test images'
@@ -235,6 +236,18 @@ def cluster_sizes(cells: list[dict], num_novel: int) -> dict[str, float] | None:
             "kl_std": kl.std()}
 
 
+def relax_stops(cells: list[dict]) -> str:
+    """How many of the seeds' runs ``labeler.relax_bound`` stopped, and from which epochs their sizes were held
+    (``sizes_held_from_epoch`` of each cell, label-free), e.g. ``"2 of 5 (from epochs 3, 7)"``; ``"—"`` when no cell
+    ran with a bound (cells before session 49 have no ``relax_bound``)."""
+    bounded = [c for c in cells if c.get("relax_bound", "none") != "none"]
+    if not bounded:
+        return "—"
+    stops = sorted(int(c["sizes_held_from_epoch"]) for c in bounded if c.get("sizes_held_from_epoch") is not None)
+    where = f" (from epochs {', '.join(map(str, stops))})" if stops else ""
+    return f"{len(stops)} of {len(bounded)}{where}"
+
+
 def clusters_held_by_largest(train_labels: np.ndarray, novel_pred, num_novel: int) -> int:
     """How many of the ``num_novel`` clusters of ``novel_pred [M]`` (novel cluster ids ``0..Ku-1`` of the novel
     training rows) have the largest novel class of ``train_labels [M]`` as their most frequent class: 1 when that
@@ -406,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{kl_from_uniform(counts):.2f}; the known classes' profile on {num_novel} clusters: "
                   f"{kl_from_uniform(profile_on(train_counts[:num_known], num_novel)):.2f})\n")
             print("| method | seeds | clusters holding no row: mean (min–max) | size ratio: median (min–max) "
-                  "| KL from uniform (nats) | clusters the largest novel class holds the most rows of (labels read) |")
-            print("|---|---|---|---|---|---|")
+                  "| KL from uniform (nats) | clusters the largest novel class holds the most rows of (labels read) "
+                  "| runs labeler.relax_bound held |")
+            print("|---|---|---|---|---|---|---|")
             for variant in args.variants:
                 z = cluster_sizes(list(kept[variant].values()), num_novel)
                 if z is not None:
@@ -415,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                             for c in kept[variant].values()]
                     print(f"| {variant} | {z['seeds']} | {z['empty']:.1f} ({z['empty_min']:.0f}–"
                           f"{z['empty_max']:.0f}) | {z['ratio']:.0f} ({z['ratio_min']:.0f}–{z['ratio_max']:.0f}) "
-                          f"| {z['kl']:.2f} ± {z['kl_std']:.2f} | {np.mean(held):.1f} ({min(held)}–{max(held)}) |")
+                          f"| {z['kl']:.2f} ± {z['kl_std']:.2f} | {np.mean(held):.1f} ({min(held)}–{max(held)}) "
+                          f"| {relax_stops(list(kept[variant].values()))} |")
             print()
         if args.gap:
             first, second = (kept[v] for v in args.gap)

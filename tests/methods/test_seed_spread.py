@@ -254,7 +254,7 @@ def test_the_command_prints_the_sizes_table_when_asked(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(true classes: 2)" in out  # training counts of the novel classes 1, 2: 2 and 1
     # all rows in cluster 0: KL log 2, and the largest class (1) holds that one cluster
-    assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) | 0.69 ± 0.00 | 1.0 (1–1) |" in out.splitlines()
+    assert "| ncdlr | 2 | 1.0 (1–1) | 1 (1–1) | 0.69 ± 0.00 | 1.0 (1–1) | — |" in out.splitlines()
 
 
 def test_routing_separates_the_known_novel_boundary_from_the_clustering_of_the_novel_images():
@@ -339,3 +339,12 @@ def test_clusters_held_by_the_largest_class_count_its_pieces():
     pred = np.array([0, 0, 1, 1, 2, 2, 2, 3, 3, 3])
     assert seed_spread.clusters_held_by_largest(labels, pred, 4) == 3
     assert seed_spread.clusters_held_by_largest(labels, np.where(pred < 2, 0, pred), 4) == 2
+
+
+def test_relax_stops_counts_the_runs_a_relax_bound_held_and_from_which_epoch():
+    seed_spread = load_benchmark("seed_spread")
+    cells = [{"relax_bound": "34.5", "sizes_held_from_epoch": 4.0}, {"relax_bound": "34.5", "sizes_held_from_epoch": None},
+             {"relax_bound": "34.5", "sizes_held_from_epoch": 2.0}]
+    assert seed_spread.relax_stops(cells) == "2 of 3 (from epochs 2, 4)"
+    assert seed_spread.relax_stops([{"relax_bound": "11", "sizes_held_from_epoch": None}]) == "0 of 1"
+    assert seed_spread.relax_stops([{}, {"relax_bound": "none"}]) == "—"  # cells before the bound, or without one
