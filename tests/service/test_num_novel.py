@@ -189,3 +189,13 @@ def test_a_size_floor_from_the_known_classes_trains_and_is_recorded_in_the_run(t
     assert 0 < float(cfg.labeler.size_floor) < 1
     metrics = evaluate_run(run)
     assert 0.0 <= metrics["novel"] <= 1.0
+
+
+def test_a_relax_bound_from_the_known_classes_trains_and_is_recorded_in_the_run(tmp_path):
+    """The trainer's chain on a tiny table: ``relax_bound = known`` trains and evaluates; the run's config records the
+    known classes' n_max/n_min it stood for."""
+    run, _ = make_run_dir(tmp_path, labeler={"prior": "uniform", "reg_m": 0.45, "relax_bound": "known"})
+    cfg = load_config(run / "config.yaml")
+    assert float(cfg.labeler.relax_bound) > 1
+    metrics = evaluate_run(run)
+    assert 0.0 <= metrics["novel"] <= 1.0
