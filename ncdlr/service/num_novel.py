@@ -71,7 +71,8 @@ def needs_max_imbalance(labeler) -> bool:
 
 def known_imbalance(train_counts, num_known: int, what: str = "labeler.max_imbalance=0") -> float:
     """``n_max / n_min`` over the known classes' training counts ``train_counts[:num_known]`` (observable without a
-    novel label; classes with no row are left out)."""
+    novel label; classes with no row are left out). ``what``: the setting that asked, named in the error when no known
+    class has a row."""
     counts = _known_counts(train_counts, num_known, what)
     return float(counts.max() / counts.min())
 
