@@ -35,6 +35,10 @@ Datasets
                128 px (``ncdlr embed --encoder efficientnet_lite0 --image-size 128 --trainable-blocks 1 --views 8``):
                a third real set, made in session 48 after every setting was fixed, so nothing was ever chosen on it;
                the same budget, γ = 0.5·Ku = 17.5. emoji-cached-p1: the partition of ``prepare emoji --seed 1``.
+  tabler-cached  Tabler-LT (``ncdlr prepare tabler``: the @tabler/icons line icons, classes = their categories, 21 +
+               20 with 666 → 6 and 310 → 10 training images) through the activation cache at 128 px, as emoji-cached:
+               a fourth real set, made in session 49 after the relax bound was fixed; γ = 0.5·Ku = 10.
+               tabler-cached-p1: the partition of ``prepare tabler --seed 1`` (known 302 → 6, novel 665 → 10).
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -244,7 +248,8 @@ CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-c
           "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8", "fashion-cached": "/work/cache/fm-lite0-96-b1-v8",
           "fashion-cached-p1": "/work/cache/fm-p1-lite0-96-b1-v8", "fashion-cached-p2": "/work/cache/fm-p2-lite0-96-b1-v8",
           "fashion-cached-p3": "/work/cache/fm-p3-lite0-96-b1-v8", "fashion-cached-p4": "/work/cache/fm-p4-lite0-96-b1-v8",
-          "emoji-cached": "/work/cache/emoji-lite0-128-b1-v8", "emoji-cached-p1": "/work/cache/emoji-p1-lite0-128-b1-v8"}
+          "emoji-cached": "/work/cache/emoji-lite0-128-b1-v8", "emoji-cached-p1": "/work/cache/emoji-p1-lite0-128-b1-v8",
+          "tabler-cached": "/work/cache/tabler-lite0-128-b1-v8", "tabler-cached-p1": "/work/cache/tabler-p1-lite0-128-b1-v8"}
 
 
 def dataset_items(items: list[str], flag: str, what: str) -> dict[str, str]:
@@ -326,7 +331,7 @@ def dataset_config(name: str, epochs: int | None) -> Config:
         # configs/openclipart.yaml's whole setting since session 35 (those sizes, the block term and the
         # class-balanced known loss) is `ncdlr-uniform-relax-task-cb`
         # γ = 0.5·Ku, the config's gamma_per_cluster: 10 (10.5 rounded, as every OpenClipart cell since session 7)
-        # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5; 17.5 at Emoji-LT's Ku = 35
+        # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5; 17.5 at Emoji-LT's Ku = 35; 10 at Tabler-LT's Ku = 20
         cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512
         if name.startswith("fashion-cached"):
             cfg.labeler.gamma = 2.5
