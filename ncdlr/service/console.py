@@ -222,7 +222,7 @@ class EpochLog:
             labeler = state.labeler
             self.say("line", f"[ncdlr] the relaxed cluster sizes ran past labeler.relax_bound {labeler.relax_bound:g} in "
                              f"epoch {state.epoch} ({empty} of {state.model.num_novel} clusters without a pseudo-label, "
-                             f"the largest {metrics['cluster_imbalance']:.0f}-fold the smallest of the others): held at "
+                             f"the largest holding {metrics['cluster_imbalance']:.0f}× the smallest of the rest): held at "
                              f"the {labeler.prior.kind} prior's sizes from epoch {int(metrics['sizes_held_from_epoch'])} on")
         for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share",
                     "clusters_empty", "cluster_imbalance"):

@@ -87,7 +87,7 @@ def test_the_epoch_that_stops_a_relaxation_says_so_in_a_line(tmp_path, capfd):
     stops = [line for line in lines if "relax_bound" in line]
     assert len(lines) == 3 and len(stops) == 1
     assert ("ran past labeler.relax_bound 34.5 in epoch 2" in stops[0] and "0 of 35 clusters" in stops[0]
-            and "the largest 41-fold the smallest" in stops[0]
+            and "the largest holding 41× the smallest" in stops[0]
             and "held at the uniform prior's sizes from epoch 3 on" in stops[0])
 
 
