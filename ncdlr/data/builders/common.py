@@ -22,7 +22,7 @@ import os
 import sys
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from ncdlr.data import shards
 from ncdlr.data.images import decode_problem
-from ncdlr.data.longtail import long_tail_counts
+from ncdlr.data.longtail import long_tail_counts, split_known_novel
 from ncdlr.data.manifest import DatasetInfo, Manifest
 from ncdlr.data.records import SPLITS, ClassInfo, ImageRecord
 
@@ -143,6 +143,59 @@ def take_decodable(
         taken.extend(good)
         skipped.extend(bad)
     return taken, skipped
+
+
+@dataclass
+class StyledDrawings:
+    """What :func:`convert_styled` made of every item's drawings: ``drawings[item][style]`` (encoded bytes) for the
+    items whose every style converted, the drawings skipped (with their reasons), and ``by_class`` (class name → its
+    items, in the given order)."""
+
+    drawings: dict[Any, dict[str, bytes]]
+    skipped: list[SkippedImage]
+    by_class: dict[str, list[Any]]
+
+
+def convert_styled(items: Sequence[Any], styles: Sequence[str], convert: Callable[[Any, str], bytes | str],
+                   source_id: Callable[[Any, str], str], what: str, *, progress: bool = True) -> StyledDrawings:
+    """Convert each of ``items``' drawings, one per style, on a thread pool with a progress bar (``what``):
+    ``convert(item, style)`` returns the encoded image or, as a ``str``, why it cannot be one. An item with any
+    drawing that failed is left out in every style (so the styles stay paired); its failure is logged and listed
+    by ``source_id(item, style)``. Items need a ``class_name`` attribute (``by_class``)."""
+    jobs = [(item, style) for item in items for style in styles]
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool, progress_bar(len(jobs), what, progress) as bar:
+        results = []
+        for result in pool.map(lambda job: convert(*job), jobs):
+            results.append(result)
+            bar.update()
+    drawings: dict[Any, dict[str, bytes]] = {}
+    skipped: list[SkippedImage] = []
+    broken: set[Any] = set()
+    for (item, style), result in zip(jobs, results):
+        if isinstance(result, str):
+            log.warning("skipping %s (and its other styles): %s", source_id(item, style), result)
+            skipped.append(SkippedImage(source_id(item, style), result))
+            broken.add(item)
+        else:
+            drawings.setdefault(item, {})[style] = result
+    by_class: dict[str, list[Any]] = {}
+    for item in items:
+        if item not in broken:
+            by_class.setdefault(item.class_name, []).append(item)
+    return StyledDrawings({k: v for k, v in drawings.items() if k not in broken}, skipped, by_class)
+
+
+def split_large_classes(by_class: dict[str, list[Any]], min_items: int, seed: int, source: str, unit: str
+                        ) -> tuple[list[str], int, dict[str, int]]:
+    """Class names in label order for the classes of ``by_class`` with at least ``min_items`` items: sorted by name,
+    then known first and novel after by ``split_known_novel(C, seed)``. Returns ``(names, num_known, dropped)``,
+    ``dropped`` the smaller classes' sizes; ``SourceFormatError`` naming ``source`` when fewer than 2 remain."""
+    dropped = {name: len(items) for name, items in by_class.items() if len(items) < min_items}
+    kept = sorted(name for name in by_class if name not in dropped)
+    if len(kept) < 2:
+        raise SourceFormatError(f"{source}: only {len(kept)} class(es) with >= {min_items} {unit}")
+    known, novel = split_known_novel(len(kept), seed)
+    return [kept[i] for i in known + novel], len(known), dropped
 
 
 def class_table(names: Sequence[str], num_known: int, train_labels: Iterable[int]) -> list[ClassInfo]:

@@ -33,32 +33,26 @@ reported (``extra["skipped_images"]``), and its emoji dropped from every style.
 from __future__ import annotations
 
 import json
-import logging
-import os
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ncdlr.data.builders.common import (
     Plan,
-    SkippedImage,
     SourceFormatError,
     class_hold_out,
     class_table,
+    convert_styled,
     natural_imbalance,
-    progress_bar,
     skip_report,
+    split_large_classes,
     split_order,
     write_plan,
 )
 from ncdlr.data.images import DECODE_ERRORS, clipart_to_rgb, encode
-from ncdlr.data.longtail import split_known_novel
 from ncdlr.data.manifest import DatasetInfo, Manifest
 from ncdlr.data.records import ImageRecord
 
-log = logging.getLogger(__name__)
 
 STYLES = ("google", "twitter", "apple", "facebook")
 INSTALL_HINT = ("npm install --prefix DIR emoji-datasource-google@16.0.0 emoji-datasource-twitter@16.0.0; "
@@ -145,50 +139,23 @@ def plan(config: EmojiConfig, *, progress: bool = True) -> Plan:
     root = Path(config.root)
     styles = tuple(config.styles)
     emoji = read_index(root, styles)
-    jobs = [(e, style) for e in emoji for style in styles]
-    with (
-        ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool,
-        progress_bar(len(jobs), "converting emoji", progress) as bar,
-    ):
-        results = []
-        for result in pool.map(lambda job: _convert(image_path(root, job[1], job[0].image)), jobs):
-            results.append(result)
-            bar.update()
-    drawings: dict[Emoji, dict[str, bytes]] = defaultdict(dict)
-    skipped: list[SkippedImage] = []
-    broken: set[Emoji] = set()
-    for (e, style), result in zip(jobs, results):
-        if isinstance(result, str):
-            source_id = f"{style}/{e.image}"
-            log.warning("skipping %s (and its other styles): %s", source_id, result)
-            skipped.append(SkippedImage(source_id, result))
-            broken.add(e)
-        else:
-            drawings[e][style] = result
-    by_class: dict[str, list[Emoji]] = defaultdict(list)
-    for e in emoji:
-        if e not in broken:
-            by_class[e.class_name].append(e)
-
-    small = {name: len(items) for name, items in by_class.items() if len(items) < config.min_emoji}
-    class_names = sorted(name for name in by_class if name not in small)
-    if len(class_names) < 2:
-        raise SourceFormatError(f"{root}: only {len(class_names)} class(es) with >= {config.min_emoji} emoji "
-                                f"drawn in every style of {list(styles)}")
-    known, novel = split_known_novel(len(class_names), config.seed)
-    names = [class_names[i] for i in known + novel]
+    made = convert_styled(emoji, styles, lambda e, style: _convert(image_path(root, style, e.image)),
+                          lambda e, style: f"{style}/{e.image}", "converting emoji", progress=progress)
+    drawings, skipped, by_class = made.drawings, made.skipped, made.by_class
+    names, num_known, small = split_large_classes(by_class, config.min_emoji, config.seed, str(root),
+                                                  f"emoji drawn in every style of {list(styles)}")
 
     records: list[ImageRecord] = []
     for label, name in enumerate(names):
         items = by_class[name]
-        group = "known" if label < len(known) else "novel"
+        group = "known" if label < num_known else "novel"
         for index, is_test in class_hold_out(len(items), config.seed, name, config.test_fraction, config.min_test,
                                              unit="emoji"):
             e = items[index]
             split = "test" if is_test else group
             for style in styles:
                 records.append(ImageRecord(drawings[e][style], label, split, name, f"{style}/{e.image}"))
-    classes = class_table(names, len(known), (r.label for r in records if r.split != "test"))
+    classes = class_table(names, num_known, (r.label for r in records if r.split != "test"))
     info = DatasetInfo(
         name=config.name,
         source=f"emoji-datasource ({', '.join(styles)}) at {root}",

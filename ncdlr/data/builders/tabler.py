@@ -19,11 +19,11 @@ of them as ``test``: an icon and its crossed-out variant (``bell`` and ``bell-of
 split (the second is the first with a slash: it would leak it). The rest go to ``known``/``novel`` by the class's
 group.
 
-Measured on @tabler/icons 3.52.0 (5491 icons, each with a category, in 41 categories), style outline, the defaults: all 41
-categories kept, 5491 images (the largest class ``System``, 831 icons; the smallest ``Logic``, 8); seed 0 gives 21
-known classes with 666 → 6 training images and 20 novel with 310 → 10 (1077 test images); seed 1 known 302 → 6,
-novel 665 → 10 (1105 test). 18 s on 2 cores, 6 MB of PNGs; the shards are the same bytes on every build (checked from
-a fresh ``npm install``).
+Measured on @tabler/icons 3.52.0 (5491 icons, each with a category, in 41 categories), style outline, the defaults:
+all 41 categories kept, 5491 images (the largest class ``System``, 831 icons; the smallest ``Logic``, 8); seed 0
+gives 21 known classes with 666 → 6 training images and 20 novel with 310 → 10 (1077 test images); seed 1 known
+302 → 6, novel 665 → 10 (1105 test). 18 s on 2 cores, 6 MB of PNGs; the shards are the same bytes on every build
+(checked from a fresh ``npm install``).
 
 Images: each SVG rendered by resvg (``resvg-py``) on a transparent ``render_size``-px canvas, cropped to the bounding
 box of its drawn pixels, flattened onto white (RGB), and encoded as PNG. A drawing resvg cannot render, or one that
@@ -33,32 +33,27 @@ draws nothing, is skipped and reported (``extra["skipped_images"]``), and its ic
 from __future__ import annotations
 
 import json
-import logging
-import os
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ncdlr.data.builders.common import (
     Plan,
-    SkippedImage,
     SourceFormatError,
     class_hold_out,
     class_table,
+    convert_styled,
     natural_imbalance,
-    progress_bar,
     skip_report,
+    split_large_classes,
     split_order,
     write_plan,
 )
 from ncdlr.data.images import DECODE_ERRORS, clipart_to_rgb, encode
-from ncdlr.data.longtail import split_known_novel
 from ncdlr.data.manifest import DatasetInfo, Manifest
 from ncdlr.data.records import ImageRecord
 
-log = logging.getLogger(__name__)
 
 PACKAGE = "@tabler/icons"
 STYLES = ("outline", "filled")
@@ -121,8 +116,8 @@ def read_index(root: Path, styles: tuple[str, ...]) -> list[Icon]:
         raise SourceFormatError(f"{index}: expected a JSON object of icons by name, got {type(entries).__name__}")
     icons: list[Icon] = []
     for key, entry in entries.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("category"), str)
-                and isinstance(entry.get("styles"), dict)):
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("category"), str) and isinstance(entry.get("styles"), dict)):
             raise SourceFormatError(f"{index}: entry {key!r} lacks a text name and category and a styles object")
         if entry["category"] and all(style in entry["styles"] for style in styles):
             icons.append(Icon(entry["name"], entry["category"]))
@@ -164,38 +159,12 @@ def plan(config: TablerConfig, *, progress: bool = True) -> Plan:
     if config.render_size < 8:
         raise ValueError(f"render_size must be at least 8 pixels, got {config.render_size}")
     icons = read_index(root, styles)
-    jobs = [(icon, style) for icon in icons for style in styles]
-    with (
-        ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool,
-        progress_bar(len(jobs), "rendering icons", progress) as bar,
-    ):
-        results = []
-        for result in pool.map(lambda job: _convert(svg_path(root, job[1], job[0].name), config.render_size), jobs):
-            results.append(result)
-            bar.update()
-    drawings: dict[Icon, dict[str, bytes]] = defaultdict(dict)
-    skipped: list[SkippedImage] = []
-    broken: set[Icon] = set()
-    for (icon, style), result in zip(jobs, results):
-        if isinstance(result, str):
-            source_id = f"{style}/{icon.name}"
-            log.warning("skipping %s (and its other styles): %s", source_id, result)
-            skipped.append(SkippedImage(source_id, result))
-            broken.add(icon)
-        else:
-            drawings[icon][style] = result
-    by_class: dict[str, list[Icon]] = defaultdict(list)
-    for icon in icons:
-        if icon not in broken:
-            by_class[icon.class_name].append(icon)
-
-    small = {name: len(items) for name, items in by_class.items() if len(items) < config.min_icons}
-    class_names = sorted(name for name in by_class if name not in small)
-    if len(class_names) < 2:
-        raise SourceFormatError(f"{root}: only {len(class_names)} class(es) with >= {config.min_icons} icons "
-                                f"drawn in every style of {list(styles)}")
-    known, novel = split_known_novel(len(class_names), config.seed)
-    names = [class_names[i] for i in known + novel]
+    made = convert_styled(icons, styles,
+                          lambda icon, style: _convert(svg_path(root, style, icon.name), config.render_size),
+                          lambda icon, style: f"{style}/{icon.name}", "rendering icons", progress=progress)
+    drawings, skipped, by_class = made.drawings, made.skipped, made.by_class
+    names, num_known, small = split_large_classes(by_class, config.min_icons, config.seed, str(root),
+                                                  f"icons drawn in every style of {list(styles)}")
 
     records: list[ImageRecord] = []
     for label, name in enumerate(names):
@@ -203,14 +172,14 @@ def plan(config: TablerConfig, *, progress: bool = True) -> Plan:
         for icon in by_class[name]:
             families[icon.family].append(icon)
         keys = sorted(families)
-        group = "known" if label < len(known) else "novel"
+        group = "known" if label < num_known else "novel"
         for index, is_test in class_hold_out(len(keys), config.seed, name, config.test_fraction, config.min_test,
                                              unit="icon families"):
             split = "test" if is_test else group
             for icon in families[keys[index]]:
                 for style in styles:
                     records.append(ImageRecord(drawings[icon][style], label, split, name, f"{style}/{icon.name}"))
-    classes = class_table(names, len(known), (r.label for r in records if r.split != "test"))
+    classes = class_table(names, num_known, (r.label for r in records if r.split != "test"))
     info = DatasetInfo(
         name=config.name,
         source=f"{PACKAGE} ({', '.join(styles)}) at {root}",
