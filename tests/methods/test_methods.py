@@ -248,6 +248,19 @@ def test_the_openclipart_config_trains_ncdlr_with_both_loss_options_and_uno_as_p
     assert (uno.method.task_weight, uno.method.known_reweight, uno.labeler.reg_m) == (0.0, 0.0, 0.0)
 
 
+@pytest.mark.parametrize("name", ["openclipart.yaml", "fashion_mnist.yaml"])
+def test_the_dataset_configs_bound_their_relaxed_sizes_by_the_known_classes(name):
+    """Both shipped configs relax the sizes with ``labeler.relax_bound known`` (session 49): ncdlr reads it, UNO on
+    the same file holds its sizes without it, and ``--labeler.reg_m 0`` (the paper's held sizes, as the README
+    suggests for a new set) leaves it inert rather than refused."""
+    config = ROOT / "configs" / name
+    ncdlr = load_config(config, [])
+    assert (ncdlr.labeler.prior, ncdlr.labeler.reg_m, ncdlr.labeler.relax_bound) == ("uniform", 0.45, "known")
+    assert load_config(config, ["--method.name", "uno"]).labeler.relax_bound == "none"
+    held = load_config(config, ["--labeler.prior", "adaptive", "--labeler.reg_m", "0"])
+    assert build_method(held.method, held.labeler, KU).labeler.relax_bound is None
+
+
 def test_build_method_resolves_the_loss_per_method():
     cfg = Config()
     assert build_method(cfg.method, cfg.labeler, KU).loss == "mse"
