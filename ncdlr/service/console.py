@@ -214,10 +214,11 @@ class EpochLog:
         if empty:
             self.say("line", f"[ncdlr] warning: {empty} of {state.model.num_novel} novel clusters got no pseudo-label "
                              f"in epoch {state.epoch} (the others' sizes differ {metrics['cluster_imbalance']:.0f}-fold); "
-                             "a cluster no row is labelled with discovers nothing. Seen with relaxed sizes "
-                             "(labeler.reg_m > 0): on Emoji-LT (35 novel classes) they left 6-10 clusters without a "
-                             "training row (docs/results.md, session 48); --labeler.relax_bound known holds the sizes "
-                             "once an epoch's pseudo-labels run past the known classes' imbalance")
+                             "a cluster no row is labelled with discovers nothing. Seen with the learned prior and with "
+                             "relaxed sizes (labeler.reg_m > 0; on Emoji-LT they left 6-10 of 35 clusters without a "
+                             "training row, docs/results.md, sessions 22 and 48); with relaxed sizes, "
+                             "--labeler.relax_bound known holds them once an epoch's pseudo-labels run past the known "
+                             "classes' imbalance")
         if "sizes_held_from_epoch" in metrics:
             labeler = state.labeler
             self.say("line", f"[ncdlr] the relaxed cluster sizes ran past labeler.relax_bound {labeler.relax_bound:g} in "
