@@ -16,6 +16,7 @@ Bad input, decided once for all builders:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -143,6 +144,23 @@ def take_decodable(
         taken.extend(good)
         skipped.extend(bad)
     return taken, skipped
+
+
+def check_styles(styles: Sequence[str], known: Sequence[str]) -> None:
+    """``ValueError`` unless ``styles`` is a non-empty list of distinct names out of ``known``."""
+    if not styles or any(s not in known for s in styles) or len(set(styles)) != len(styles):
+        raise ValueError(f"styles must be distinct names out of {tuple(known)}, got {list(styles)}")
+
+
+def read_json_index(index: Path, package: str) -> Any:
+    """The parsed JSON of a package's index file; ``SourceFormatError`` naming it when it is missing (not a
+    ``package`` package) or not valid JSON."""
+    try:
+        return json.loads(index.read_text())
+    except FileNotFoundError as exc:
+        raise SourceFormatError(f"{index} does not exist: not {package} package") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SourceFormatError(f"{index} is not valid JSON: {exc}") from exc
 
 
 @dataclass

@@ -32,7 +32,6 @@ reported (``extra["skipped_images"]``), and its emoji dropped from every style.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,12 @@ from typing import Any
 from ncdlr.data.builders.common import (
     Plan,
     SourceFormatError,
+    check_styles,
     class_hold_out,
     class_table,
     convert_styled,
     natural_imbalance,
+    read_json_index,
     skip_report,
     split_large_classes,
     split_order,
@@ -94,20 +95,13 @@ def read_index(root: Path, styles: tuple[str, ...]) -> list[Emoji]:
     Raises ``SourceFormatError`` naming the file for a missing package, unreadable JSON or an entry without
     ``image`` / ``category`` / ``subcategory``.
     """
-    unknown = [s for s in styles if s not in STYLES]
-    if not styles or unknown or len(set(styles)) != len(styles):
-        raise ValueError(f"styles must be distinct names out of {STYLES}, got {list(styles)}")
+    check_styles(styles, STYLES)
     for style in styles:
         if not package_dir(root, style).is_dir():
             raise SourceFormatError(f"{package_dir(root, style)} does not exist (install the packages with: "
                                     f"{INSTALL_HINT})")
     index = package_dir(root, styles[0]) / "emoji.json"
-    try:
-        entries = json.loads(index.read_text())
-    except FileNotFoundError as exc:
-        raise SourceFormatError(f"{index} does not exist: not an emoji-datasource package") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SourceFormatError(f"{index} is not valid JSON: {exc}") from exc
+    entries = read_json_index(index, "an emoji-datasource")
     if not isinstance(entries, list):
         raise SourceFormatError(f"{index}: expected a JSON list of emoji, got {type(entries).__name__}")
     emoji: list[Emoji] = []

@@ -32,7 +32,6 @@ draws nothing, is skipped and reported (``extra["skipped_images"]``), and its ic
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +40,12 @@ from typing import Any
 from ncdlr.data.builders.common import (
     Plan,
     SourceFormatError,
+    check_styles,
     class_hold_out,
     class_table,
     convert_styled,
     natural_imbalance,
+    read_json_index,
     skip_report,
     split_large_classes,
     split_order,
@@ -100,18 +101,11 @@ def read_index(root: Path, styles: tuple[str, ...]) -> list[Icon]:
     Raises ``SourceFormatError`` naming the file for a missing package, unreadable JSON or an entry without a text
     ``name`` / ``category`` and a ``styles`` mapping; ``ValueError`` for unknown or repeated styles.
     """
-    unknown = [s for s in styles if s not in STYLES]
-    if not styles or unknown or len(set(styles)) != len(styles):
-        raise ValueError(f"styles must be distinct names out of {STYLES}, got {list(styles)}")
+    check_styles(styles, STYLES)
     if not package_dir(root).is_dir():
         raise SourceFormatError(f"{package_dir(root)} does not exist (install the package with: {INSTALL_HINT})")
     index = package_dir(root) / "icons.json"
-    try:
-        entries = json.loads(index.read_text())
-    except FileNotFoundError as exc:
-        raise SourceFormatError(f"{index} does not exist: not a @tabler/icons package") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SourceFormatError(f"{index} is not valid JSON: {exc}") from exc
+    entries = read_json_index(index, "a @tabler/icons")
     if not isinstance(entries, dict):
         raise SourceFormatError(f"{index}: expected a JSON object of icons by name, got {type(entries).__name__}")
     icons: list[Icon] = []
