@@ -278,14 +278,27 @@ def add_table_argument(parser: argparse.ArgumentParser) -> None:
                              f"not the default folder: {', '.join(f'{k}={v}' for k, v in CACHED.items())}")
 
 
-def add_cell_arguments(parser: argparse.ArgumentParser, holdout_view: bool = True) -> None:
-    """The flags of the scripts that read this script's cells (seed_spread.py, carry.py, consensus.py): ``--results``,
-    ``--holdout-view`` (unless ``holdout_view`` is False) and ``--table`` (:func:`add_table_argument`)."""
+def add_cell_arguments(parser: argparse.ArgumentParser, holdout_view: bool = True, results_of: bool = False) -> None:
+    """The flags of the scripts that read this script's cells (seed_spread.py, carry.py, consensus.py, scoreboard.py):
+    ``--results``, ``--holdout-view`` (unless ``holdout_view`` is False), ``--table`` (:func:`add_table_argument`) and,
+    with ``results_of``, ``--results-of DATASET=DIR`` (read back with :func:`parsed_results_of`)."""
     parser.add_argument("--results", type=Path, default=Path("/work/cache/quality"), help="quality.py's cell cache")
     if holdout_view:
         parser.add_argument("--holdout-view", action="store_true",
                             help="read the cells of `quality.py --holdout-view` (*-hv.json) instead of the plain ones")
+    if results_of:
+        parser.add_argument("--results-of", action="append", default=[], metavar="DATASET=DIR",
+                            help="read this dataset's cells from DIR instead of --results (repeatable), so one command "
+                                 "can pool datasets whose cells live apart")
     add_table_argument(parser)
+
+
+def parsed_results_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Path]:
+    """``{dataset: DIR}`` of ``args.results_of``; a bad item ends the script with the parser's usage error."""
+    try:
+        return {d: Path(p) for d, p in dataset_items(args.results_of, "--results-of", "DIR").items()}
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def parsed_tables(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:

@@ -183,15 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", required=True, choices=sorted(quality.CACHED),
                         help="the partitions (cached datasets), in the table's order")
     parser.add_argument("--seeds", type=int, default=5, help="read seeds 0..SEEDS-1 (the pairs: those all arms have)")
-    parser.add_argument("--results-of", action="append", default=[], metavar="DATASET=DIR",
-                        help="read this dataset's cells from DIR instead of --results (repeatable)")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split per gap")
     parser.add_argument("--plot", type=Path, help="also write the forest plot (PNG) here")
-    quality.add_cell_arguments(parser)
+    quality.add_cell_arguments(parser, results_of=True)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
+    results_of = quality.parsed_results_of(parser, args)
     try:
-        results_of = {d: Path(p) for d, p in quality.dataset_items(args.results_of, "--results-of", "DIR").items()}
         for dataset in args.datasets:
             family(dataset)
     except ValueError as err:

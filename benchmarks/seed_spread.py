@@ -326,18 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-groups", action="store_true", help="with --gap: also the paired gap over the novel "
                         "head / medium / tail classes (3:4:3 by training count), each with its two standard errors")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws of the test split (--gap)")
-    parser.add_argument("--results-of", action="append", default=[], metavar="DATASET=DIR",
-                        help="read this dataset's cells from DIR instead of --results (repeatable), so one --gap "
-                             "command can pool datasets whose cells live apart")
     parser.add_argument("--holdout-view-of", action="append", default=[], metavar="DATASET",
                         help="read this dataset's --holdout-view cells (repeatable; --holdout-view: every dataset's)")
-    quality.add_cell_arguments(parser)
+    quality.add_cell_arguments(parser, results_of=True)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
-    try:
-        results_of = {d: Path(p) for d, p in quality.dataset_items(args.results_of, "--results-of", "DIR").items()}
-    except ValueError as err:
-        parser.error(str(err))
+    results_of = quality.parsed_results_of(parser, args)
     gaps = []  # paired_gap's record of each dataset under the test split's own matching, pooled at the end
     print("| dataset | method | seeds | test novel | train novel | variance share head / medium / tail "
           "| test resolution (binomial SE) | novel test images differing between two seeds (tail) "
