@@ -222,6 +222,27 @@ def test_the_task_variant_adds_only_the_known_novel_term_to_the_configs_setting(
     assert quality.VARIANTS["ncdlr-uniform-relax-task"]["labeler"] == quality.VARIANTS["ncdlr-uniform-relax"]["labeler"]
 
 
+def test_the_ep_rung_split_variants_change_one_part_of_the_rung_each():
+    """Session 51's split of the +EP rung: ``ladder-etf-ce`` is ``ladder-buffer`` with the fixed ETF in place of the
+    learnable prototypes (cross-entropy kept); ``ladder-ep-task`` is ``ncdlr-uniform`` (+EP) with the known-vs-novel
+    term at weight 1 and nothing else changed; both keep the buffer and the uniform prior."""
+    from ncdlr.methods import build_method
+
+    quality = load_benchmark("quality")
+    default = quality.dataset_config("fashion-cached", None)
+    etf_ce, buffer_rung = variant_config(quality, "ladder-etf-ce"), variant_config(quality, "ladder-buffer")
+    assert buffer_rung.model.prototypes == "learnable" and etf_ce.model.prototypes == default.model.prototypes != "learnable"
+    for cfg in (etf_ce, buffer_rung):
+        method = build_method(cfg.method, cfg.labeler, 5)
+        assert (method.name, method.loss, method.known_loss_kind, method.task_weight) == ("ncdlr", "ce", "ce", 0.0)
+        assert (cfg.labeler.prior, cfg.labeler.use_buffer) == ("uniform", True)
+    ep_task = variant_config(quality, "ladder-ep-task")
+    assert quality.VARIANTS["ladder-ep-task"] == {**quality.VARIANTS["ncdlr-uniform"], "method": {"task_weight": 1.0}}
+    method = build_method(ep_task.method, ep_task.labeler, 5)
+    assert (method.name, method.loss, method.known_loss_kind, method.task_weight) == ("ncdlr", "mse", "mse", 1.0)
+    assert (ep_task.labeler.prior, ep_task.labeler.use_buffer, ep_task.labeler.reg_m) == ("uniform", True, 0.0)
+
+
 def test_the_task_and_balance_variant_is_the_configs_setting_with_both_known_side_edits():
     """``ncdlr-uniform-relax-task-cb`` (session 34): the configs' setting with the known-vs-novel term at weight 1 and
     the class-balanced known loss (q = 1), each as its own variant has it, and nothing else changed; the method built
