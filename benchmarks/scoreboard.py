@@ -9,7 +9,8 @@ three arms over the seeds all three finished:
 - **paper**: ``ncdlr`` (learned ``w(τ)``, sizes held: the paper's algorithm on the same budget).
 
 It prints one Markdown table: per partition the three arms' novel class-mean accuracy (mean ± std over the seeds)
-and known accuracy, the paired gaps config − UNO and config − paper with their SE (``seed_spread.paired_gap``: over
+and known accuracy, the share of novel test images each arm predicts into a known column (mean over the seeds:
+where the known/novel boundary loses them, ``seed_spread.py --routing`` for the rest of that reading), the paired gaps config − UNO and config − paper with their SE (``seed_spread.paired_gap``: over
 seeds and test images together), and issue 14's goal (novel gap to UNO ≥ +5 and above two SEs, known no more than 2
 below UNO, the config's novel seed std ≤ 2): "met", or the parts that fail. Below it, the gaps pooled
 (``seed_spread.pooled_gap``: each partition weighted alike, SE ``sqrt(Σ SE²) / n``) over every partition, per set,
@@ -68,6 +69,7 @@ class Partition:
     seeds: list[int]
     novel: dict[str, list[float]]  #: arm -> [S] novel accuracy per seed
     known: dict[str, list[float]]  #: arm -> [S] known accuracy per seed
+    to_known: dict[str, list[float]]  #: arm -> [S] share of the novel test images predicted into a known column, %
     vs_uno: dict[str, float]  #: seed_spread.paired_gap record of config − UNO
     vs_paper: dict[str, float]  #: the same of config − paper
 
@@ -109,7 +111,10 @@ def partition(dataset: str, y_true: np.ndarray, num_known: int, cells: dict[str,
         return seed_spread.paired_gap(y_true, num_known, [cells["config"][s] for s in seeds],
                                       [cells[other][s] for s in seeds], draws=draws)
 
-    return Partition(dataset, seeds, scores("novel"), scores("known"), gap("uno"), gap("paper"))
+    novel_rows = y_true >= num_known
+    to_known = {arm: [100 * float((np.asarray(c[s]["test_pred"])[novel_rows] < num_known).mean()) for s in seeds]
+                for arm, c in cells.items()}
+    return Partition(dataset, seeds, scores("novel"), scores("known"), to_known, gap("uno"), gap("paper"))
 
 
 def pools(parts: list[Partition]) -> list[tuple[str, dict[str, float], dict[str, float]]]:
@@ -134,11 +139,13 @@ def render(parts: list[Partition]) -> str:
         return f"{np.mean(values):.1f} ± {np.std(values):.1f}"
 
     lines = ["| partition | config | seeds | novel: config / UNO / paper | known: config / UNO / paper "
-             "| config − UNO (SE) | config − paper (SE) | issue 14's goal |", "|---|---|---|---|---|---|---|---|"]
+             "| novel → known %: config / UNO / paper | config − UNO (SE) | config − paper (SE) | issue 14's goal |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for p in parts:
-        known = " / ".join(f"{np.mean(p.known[arm]):.1f}" for arm in ("config", "uno", "paper"))
+        known, to_known = (" / ".join(f"{np.mean(values[arm]):.1f}" for arm in ("config", "uno", "paper"))
+                           for values in (p.known, p.to_known))
         lines.append(f"| {p.dataset} | {CONFIG_OF[family(p.dataset)]['variant']} | {len(p.seeds)} | "
-                     f"{ms(p.novel['config'])} / {ms(p.novel['uno'])} / {ms(p.novel['paper'])} | {known} | "
+                     f"{ms(p.novel['config'])} / {ms(p.novel['uno'])} / {ms(p.novel['paper'])} | {known} | {to_known} | "
                      f"{p.vs_uno['gap']:+.1f} ({p.vs_uno['total_se']:.1f}) | "
                      f"{p.vs_paper['gap']:+.1f} ({p.vs_paper['total_se']:.1f}) | {p.goal()} |")
     lines += ["", "| pooled (each partition alike) | config − UNO (SE) | config − paper (SE) |", "|---|---|---|"]

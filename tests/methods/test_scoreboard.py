@@ -74,6 +74,7 @@ def test_a_partition_pairs_the_seeds_all_three_arms_have_and_reads_both_gaps():
     assert p.vs_uno["gap"] == pytest.approx(50.0) and p.vs_uno["seed_se"] == pytest.approx(0.0)
     assert p.vs_paper["gap"] == pytest.approx(25.0) and p.vs_paper["seed_se"] == pytest.approx(25.0)
     assert p.novel["config"] == [100.0, 100.0] and p.known["config"] == pytest.approx([70.0, 74.0])
+    assert p.to_known == {"config": [0.0, 0.0], "uno": [0.0, 0.0], "paper": [0.0, 0.0]}
     assert p.goal() == "met"
     assert board.partition("emoji-cached", np.array([0, 1]), 1, {"config": {0: {}}, "uno": {0: {}},
                                                                  "paper": {0: {}}}) is None
@@ -94,7 +95,21 @@ def test_the_table_pools_every_partition_each_set_and_the_sets_the_configs_were_
     text = board.render([p, q, r])
     row = next(line for line in text.splitlines() if line.startswith("| fashion-cached |"))
     assert "| ncdlr-uniform-relax-bound | 2 |" in row and "| +10.0 (4.0) |" in row and row.endswith("| met |")
-    assert "| 100.0 ± 0.0 / 50.0 ± 0.0 / 75.0 ± 25.0 | 72.0 / 72.0 / 60.0 |" in row
+    assert "| 100.0 ± 0.0 / 50.0 ± 0.0 / 75.0 ± 25.0 | 72.0 / 72.0 / 60.0 | 0.0 / 0.0 / 0.0 |" in row
+
+
+def test_the_novel_to_known_share_counts_the_novel_test_images_in_a_known_column():
+    """Known classes 0, 1; novel 2, 3 (four novel test images). UNO sends one novel image to a known column in seed 0
+    and two in seed 1 (25 %, 50 %); the known image predicted as novel does not count."""
+    board = load_benchmark("scoreboard")
+    y = np.array([0, 1, 2, 2, 3, 3])
+    right = [0, 1, 2, 2, 3, 3]
+    cells = {"config": {0: cell([2, 1, 2, 2, 3, 3], 1.0, 0.5), 1: cell(right, 1.0, 1.0)},
+             "uno": {0: cell([0, 1, 1, 2, 3, 3], 0.75, 1.0), 1: cell([0, 1, 0, 2, 3, 1], 0.5, 1.0)},
+             "paper": {0: cell(right, 1.0, 1.0), 1: cell(right, 1.0, 1.0)}}
+    p = board.partition("emoji-cached", y, 2, cells, draws=50)
+    assert p.to_known == {"config": [0.0, 0.0], "uno": [25.0, 50.0], "paper": [0.0, 0.0]}
+    assert "| 0.0 / 37.5 / 0.0 |" in board.render([p])
 
 
 def test_the_command_reads_the_cells_prints_the_table_and_draws_the_plot(tmp_path, capsys):
