@@ -10,8 +10,8 @@ three arms over the seeds all three finished:
 
 It prints one Markdown table: per partition the three arms' novel class-mean accuracy (mean ± std over the seeds)
 and known accuracy, the share of novel test images each arm predicts into a known column (mean over the seeds:
-where the known/novel boundary loses them, ``seed_spread.py --routing`` for the rest of that reading), the paired gaps config − UNO and config − paper with their SE (``seed_spread.paired_gap``: over
-seeds and test images together), and issue 14's goal (novel gap to UNO ≥ +5 and above two SEs, known no more than 2
+where the known/novel boundary loses them; ``seed_spread.py --routing`` has the rest of that reading), the paired
+gaps config − UNO and config − paper with their SE (``seed_spread.paired_gap``: over seeds and test images together), and issue 14's goal (novel gap to UNO ≥ +5 and above two SEs, known no more than 2
 below UNO, the config's novel seed std ≤ 2): "met", or the parts that fail. Below it, the gaps pooled
 (``seed_spread.pooled_gap``: each partition weighted alike, SE ``sqrt(Σ SE²) / n``) over every partition, per set,
 and over the sets the configs' settings were chosen on against the sets they were not. ``--plot`` draws the same
@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import quality  # noqa: E402  (the cells, the datasets' tables)
-import seed_spread  # noqa: E402  (paired_gap, pooled_gap)
+import seed_spread  # noqa: E402  (paired_gap, pooled_gap, novel_to_known)
 from ncdlr.data.features import read_class_summary, read_feature_table  # noqa: E402
 
 #: per dataset family (a cached dataset's name up to "-cached"): the shipped config a user runs there and the
@@ -111,8 +111,7 @@ def partition(dataset: str, y_true: np.ndarray, num_known: int, cells: dict[str,
         return seed_spread.paired_gap(y_true, num_known, [cells["config"][s] for s in seeds],
                                       [cells[other][s] for s in seeds], draws=draws)
 
-    novel_rows = y_true >= num_known
-    to_known = {arm: [100 * float((np.asarray(c[s]["test_pred"])[novel_rows] < num_known).mean()) for s in seeds]
+    to_known = {arm: [seed_spread.novel_to_known(y_true, num_known, c[s]["test_pred"]) for s in seeds]
                 for arm, c in cells.items()}
     return Partition(dataset, seeds, scores("novel"), scores("known"), to_known, gap("uno"), gap("paper"))
 

@@ -158,6 +158,12 @@ def known_detail(y_true: np.ndarray, num_known: int, train_counts: list[int], ce
             "classes": [(c, int(train_counts[c]), float(a), float(n)) for c, a, n in zip(known_classes, acc, share)]}
 
 
+def novel_to_known(y_true: np.ndarray, num_known: int, test_pred) -> float:
+    """The share (%) of the novel test images (``y_true [N]`` ≥ ``num_known``) that ``test_pred [N]`` (over all K
+    columns) puts into a known column."""
+    return float((np.asarray(test_pred)[y_true >= num_known] < num_known).mean() * 100)
+
+
 def routing(y_true: np.ndarray, num_known: int, cells: list[dict], train_counts=None) -> dict[str, float]:
     """Where the novel test images are lost, over ``cells`` (one per seed, each with ``test_pred [N]`` over all K
     columns and ``test_novel_pred [N]`` over the novel columns ``0..Ku-1``; ``y_true [N]``), means and stds (ddof 1)
@@ -182,7 +188,7 @@ def routing(y_true: np.ndarray, num_known: int, cells: list[dict], train_counts=
         readings["novel"].append(per_class_accuracy(correct, y_true, novel_classes).mean() * 100)
         only = correct_under_matching(y_true[novel_rows], novel_pred[novel_rows] + num_known)[None]
         readings["novel_only"].append(per_class_accuracy(only, y_true[novel_rows], novel_classes).mean() * 100)
-        readings["novel_to_known"].append((test_pred[novel_rows] < num_known).mean() * 100)
+        readings["novel_to_known"].append(novel_to_known(y_true, num_known, test_pred))
         readings["known_to_novel"].append((test_pred[known_rows] >= num_known).mean() * 100)
         lost = per_class_accuracy((test_pred < num_known)[None], y_true, novel_classes)[0] * 100  # [Ku]
         readings["novel_to_known_class"].append(lost.mean())
