@@ -11,8 +11,9 @@ three arms over the seeds all three finished:
 It prints one Markdown table: per partition the three arms' novel class-mean accuracy (mean ± std over the seeds)
 and known accuracy, the share of novel test images each arm predicts into a known column (mean over the seeds:
 where the known/novel boundary loses them; ``seed_spread.py --routing`` has the rest of that reading), the paired
-gaps config − UNO and config − paper with their SE (``seed_spread.paired_gap``: over seeds and test images together), and issue 14's goal (novel gap to UNO ≥ +5 and above two SEs, known no more than 2
-below UNO, the config's novel seed std ≤ 2): "met", or the parts that fail. Below it, the gaps pooled
+gaps config − UNO and config − paper with their SE (``seed_spread.paired_gap``: over seeds and test images
+together), and issue 14's goal (novel gap to UNO ≥ +5 and above two SEs, known no more than 2 below UNO, the
+config's novel seed std ≤ 2): "met", or the parts that fail. Below it, the gaps pooled
 (``seed_spread.pooled_gap``: each partition weighted alike, SE ``sqrt(Σ SE²) / n``) over every partition, per set,
 and over the sets the configs' settings were chosen on against the sets they were not. ``--plot`` draws the same
 gaps as a forest plot (± 2 SE), a line at the goal's +5.
@@ -144,7 +145,8 @@ def render(parts: list[Partition]) -> str:
         known, to_known = (" / ".join(f"{np.mean(values[arm]):.1f}" for arm in ("config", "uno", "paper"))
                            for values in (p.known, p.to_known))
         lines.append(f"| {p.dataset} | {CONFIG_OF[family(p.dataset)]['variant']} | {len(p.seeds)} | "
-                     f"{ms(p.novel['config'])} / {ms(p.novel['uno'])} / {ms(p.novel['paper'])} | {known} | {to_known} | "
+                     f"{ms(p.novel['config'])} / {ms(p.novel['uno'])} / {ms(p.novel['paper'])} | {known} | "
+                     f"{to_known} | "
                      f"{p.vs_uno['gap']:+.1f} ({p.vs_uno['total_se']:.1f}) | "
                      f"{p.vs_paper['gap']:+.1f} ({p.vs_paper['total_se']:.1f}) | {p.goal()} |")
     lines += ["", "| pooled (each partition alike) | config − UNO (SE) | config − paper (SE) |", "|---|---|---|"]
