@@ -231,7 +231,8 @@ def test_the_ep_rung_split_variants_change_one_part_of_the_rung_each():
     quality = load_benchmark("quality")
     default = quality.dataset_config("fashion-cached", None)
     etf_ce, buffer_rung = variant_config(quality, "ladder-etf-ce"), variant_config(quality, "ladder-buffer")
-    assert buffer_rung.model.prototypes == "learnable" and etf_ce.model.prototypes == default.model.prototypes != "learnable"
+    assert buffer_rung.model.prototypes == "learnable"
+    assert etf_ce.model.prototypes == default.model.prototypes != "learnable"
     for cfg in (etf_ce, buffer_rung):
         method = build_method(cfg.method, cfg.labeler, 5)
         assert (method.name, method.loss, method.known_loss_kind, method.task_weight) == ("ncdlr", "ce", "ce", 0.0)
