@@ -65,7 +65,9 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-uniform-relax-task-cb-nb (that with the pseudo-cluster-balanced novel loss, method.novel_reweight = 1);
   ncdlr-uniform-relax-bound and ncdlr-uniform-relax-task-cb-bound (ncdlr-uniform-relax and -task-cb with
   labeler.relax_bound = known: the sizes held for the rest of the run once an epoch's pseudo-labels are more
-  imbalanced than the known classes' n_max/n_min or leave a cluster empty);
+  imbalanced than the known classes' n_max/n_min or leave a cluster empty); ncdlr-uniform-relax-bound-eps001 and
+  ncdlr-uniform-relax-task-cb-bound-eps001 (those two, the configs' settings, with Sinkhorn ε 0.01, method.md's
+  value for fine-grained sets: sharper self-labels);
   uno-b2 and ncdlr-uniform-relax-b2 (the same two with the last two encoder blocks trained, model.trainable_blocks
   = 2: a cache made with ``ncdlr embed --trainable-blocks 2``, given with --table).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
@@ -245,6 +247,15 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-uniform-relax-bound": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"}},
     "ncdlr-uniform-relax-task-cb-bound": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"},
                                           "method": {"task_weight": 1.0, "known_reweight": 1.0}},
+    # session 52: each config's setting with Sinkhorn ε 0.01, method.md §4's value for fine-grained sets, in place of
+    # 0.05 (ρ kept: the cost-against-sizes weight of the relaxation). Sharper self-labels against MSE's small clustering
+    # gain on the sets with many close novel classes (session 51): a soft target over many ETF prototypes is a short
+    # mixture of them, so the pull towards any one cluster is weak. Fixed before any run
+    "ncdlr-uniform-relax-bound-eps001": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known",
+                                                     "eps": 0.01}},
+    "ncdlr-uniform-relax-task-cb-bound-eps001": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
+                                                             "relax_bound": "known", "eps": 0.01},
+                                                 "method": {"task_weight": 1.0, "known_reweight": 1.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

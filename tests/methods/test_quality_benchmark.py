@@ -244,6 +244,18 @@ def test_the_ep_rung_split_variants_change_one_part_of_the_rung_each():
     assert (ep_task.labeler.prior, ep_task.labeler.use_buffer, ep_task.labeler.reg_m) == ("uniform", True, 0.0)
 
 
+def test_the_sharp_label_variants_are_the_configs_settings_with_only_epsilon_changed():
+    """Session 52's variants: each config's setting (``-bound`` for Fashion-MNIST-LT, ``-task-cb-bound`` for the
+    OpenClipart-LT config the later sets use) with Sinkhorn ε 0.01 in place of 0.05, ρ and everything else kept."""
+    quality = load_benchmark("quality")
+    for base in ("ncdlr-uniform-relax-bound", "ncdlr-uniform-relax-task-cb-bound"):
+        sharp, config = variant_config(quality, f"{base}-eps001"), variant_config(quality, base)
+        assert (sharp.labeler.eps, config.labeler.eps) == (0.01, 0.05)
+        assert sharp.labeler.reg_m == config.labeler.reg_m > 0
+        sharp.labeler.eps = config.labeler.eps
+        assert sharp == config
+
+
 def test_the_task_and_balance_variant_is_the_configs_setting_with_both_known_side_edits():
     """``ncdlr-uniform-relax-task-cb`` (session 34): the configs' setting with the known-vs-novel term at weight 1 and
     the class-balanced known loss (q = 1), each as its own variant has it, and nothing else changed; the method built
