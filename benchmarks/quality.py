@@ -67,7 +67,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   labeler.relax_bound = known: the sizes held for the rest of the run once an epoch's pseudo-labels are more
   imbalanced than the known classes' n_max/n_min or leave a cluster empty); ncdlr-uniform-relax-bound-eps001 and
   ncdlr-uniform-relax-task-cb-bound-eps001 (those two, the configs' settings, with Sinkhorn ε 0.01, method.md's
-  value for fine-grained sets: sharper self-labels);
+  value for fine-grained sets: sharper self-labels); ncdlr-uniform-relax-task-cb-bound-j2048 (the OpenClipart-LT
+  config's setting with the paper's buffer of 2048 rows instead of 512: more rows per cluster in each solve);
   uno-b2 and ncdlr-uniform-relax-b2 (the same two with the last two encoder blocks trained, model.trainable_blocks
   = 2: a cache made with ``ncdlr embed --trainable-blocks 2``, given with --table).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
@@ -256,6 +257,13 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "ncdlr-uniform-relax-task-cb-bound-eps001": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
                                                              "relax_bound": "known", "eps": 0.01},
                                                  "method": {"task_weight": 1.0, "known_reweight": 1.0}},
+    # session 52, second run: the OpenClipart-LT config's setting with the paper's buffer of 2048 rows instead of 512.
+    # With 35 or 20 novel clusters a solve over 512 + 128 rows gives each cluster about 18 or 32 rows (the rarest
+    # far fewer); 2048 + 128 gives 62 or 109. Session 11's J = 2048 lost with the learned prior (τ followed the older
+    # rows' skew); the configs' uniform prior has no τ. Fixed before any run
+    "ncdlr-uniform-relax-task-cb-bound-j2048": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
+                                                            "relax_bound": "known", "buffer_size": 2048},
+                                                "method": {"task_weight": 1.0, "known_reweight": 1.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

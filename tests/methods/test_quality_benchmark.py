@@ -244,9 +244,10 @@ def test_the_ep_rung_split_variants_change_one_part_of_the_rung_each():
     assert (ep_task.labeler.prior, ep_task.labeler.use_buffer, ep_task.labeler.reg_m) == ("uniform", True, 0.0)
 
 
-def test_the_sharp_label_variants_are_the_configs_settings_with_only_epsilon_changed():
+def test_session_52_variants_are_the_configs_settings_with_one_labeler_field_changed():
     """Session 52's variants: each config's setting (``-bound`` for Fashion-MNIST-LT, ``-task-cb-bound`` for the
-    OpenClipart-LT config the later sets use) with Sinkhorn ε 0.01 in place of 0.05, ρ and everything else kept."""
+    OpenClipart-LT config the later sets use) with Sinkhorn ε 0.01 in place of 0.05, ρ and everything else kept; and
+    the OpenClipart-LT config's setting with the buffer of 2048 rows in place of 512, nothing else changed."""
     quality = load_benchmark("quality")
     for base in ("ncdlr-uniform-relax-bound", "ncdlr-uniform-relax-task-cb-bound"):
         sharp, config = variant_config(quality, f"{base}-eps001"), variant_config(quality, base)
@@ -254,6 +255,10 @@ def test_the_sharp_label_variants_are_the_configs_settings_with_only_epsilon_cha
         assert sharp.labeler.reg_m == config.labeler.reg_m > 0
         sharp.labeler.eps = config.labeler.eps
         assert sharp == config
+    wide, config = (variant_config(quality, f"ncdlr-uniform-relax-task-cb-bound{suffix}") for suffix in ("-j2048", ""))
+    assert (wide.labeler.buffer_size, config.labeler.buffer_size) == (2048, 512)
+    wide.labeler.buffer_size = config.labeler.buffer_size
+    assert wide == config
 
 
 def test_the_task_and_balance_variant_is_the_configs_setting_with_both_known_side_edits():
