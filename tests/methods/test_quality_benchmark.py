@@ -247,7 +247,8 @@ def test_the_ep_rung_split_variants_change_one_part_of_the_rung_each():
 def test_session_52_variants_are_the_configs_settings_with_one_labeler_field_changed():
     """Session 52's variants: each config's setting (``-bound`` for Fashion-MNIST-LT, ``-task-cb-bound`` for the
     OpenClipart-LT config the later sets use) with Sinkhorn ε 0.01 in place of 0.05, ρ and everything else kept; and
-    the OpenClipart-LT config's setting with the buffer of 2048 rows in place of 512, nothing else changed."""
+    the OpenClipart-LT config's setting with the buffer of 2048 rows in place of 512, or trained 20 epochs in place
+    of 10, nothing else changed."""
     quality = load_benchmark("quality")
     for base in ("ncdlr-uniform-relax-bound", "ncdlr-uniform-relax-task-cb-bound"):
         sharp, config = variant_config(quality, f"{base}-eps001"), variant_config(quality, base)
@@ -259,6 +260,10 @@ def test_session_52_variants_are_the_configs_settings_with_one_labeler_field_cha
     assert (wide.labeler.buffer_size, config.labeler.buffer_size) == (2048, 512)
     wide.labeler.buffer_size = config.labeler.buffer_size
     assert wide == config
+    longer = variant_config(quality, "ncdlr-uniform-relax-task-cb-bound-e20")
+    assert (longer.optim.epochs, config.optim.epochs) == (20, 10)
+    longer.optim.epochs = config.optim.epochs
+    assert longer == config
 
 
 def test_the_task_and_balance_variant_is_the_configs_setting_with_both_known_side_edits():
