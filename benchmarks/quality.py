@@ -280,6 +280,8 @@ LADDER = (("baseline (UNO)", "uno"), ("+buffer", "ladder-buffer"), ("+EP", "ncdl
           ("+ASL bounded (ours)", "ncdlr-bounded"), ("+ASL anchored (ours)", "ncdlr-anchored"),
           ("+ASL bounded, γ by known-class rehearsal (ours)", "ncdlr-valgamma"),
           ("+ASL, γ or uniform by the dataset's known-class rehearsal", "ncdlr-val"))
+#: the label-free epoch metrics of the pseudo-labels a cell keeps (its last epoch's, and every epoch's)
+PSEUDO_LABEL_METRICS = ("clusters_empty", "cluster_imbalance", "pseudo_label_confidence")
 #: activation-cache datasets and their default cache folders
 CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-cached-p1": "/work/cache/oc-p1-lite0-160-b1-v8",
           "openclipart-cached-p2": "/work/cache/oc-p2-lite0-160-b1-v8", "fashion-cached": "/work/cache/fm-lite0-96-b1-v8",
@@ -523,9 +525,8 @@ def run_cell(dataset: str, variant: str, seed: int, splits: FeatureSplits, epoch
             "test_pred": test_pred, "test_novel_pred": test_novel_pred, "holdout_view": holdout_view,
             "novel_heldout_pred": None if probe is None else novel_predictions(trained, probe, splits.num_known),
             "heads": heads,
-            "last_epoch_pseudo_labels": {k: trained.metrics.get(k) for k in ("clusters_empty", "cluster_imbalance")},
-            "pseudo_labels_per_epoch": [{k: m.get(k) for k in ("clusters_empty", "cluster_imbalance")}
-                                        for m in trained.history],
+            "last_epoch_pseudo_labels": {k: trained.metrics.get(k) for k in PSEUDO_LABEL_METRICS},
+            "pseudo_labels_per_epoch": [{k: m.get(k) for k in PSEUDO_LABEL_METRICS} for m in trained.history],
             "relax_bound": cfg.labeler.relax_bound,
             "sizes_held_from_epoch": next((m["sizes_held_from_epoch"] for m in trained.history
                                            if "sizes_held_from_epoch" in m), None)}

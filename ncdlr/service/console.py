@@ -209,7 +209,9 @@ class EpochLog:
         self.say("line", f"[ncdlr] epoch {state.epoch}/{self.cfg.optim.epochs} done in {metrics['epoch_s']:.2f}s: loss "
             f"{metrics['loss']:.4f} tau {metrics['tau']:.3f} bad_images {int(metrics['bad_images'])} "
             f"({metrics['steps_per_s']:.2f} steps/s, data wait {metrics.get('data_share', 0.0):.0%}{start_up})"
-            + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else ""))
+            + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else "")
+            + (f" pseudo-label confidence {metrics['pseudo_label_confidence']:.2f}"
+               if "pseudo_label_confidence" in metrics else ""))
         empty = int(metrics.get("clusters_empty", 0))
         if empty:
             self.say("line", f"[ncdlr] warning: {empty} of {state.model.num_novel} novel clusters got no pseudo-label "
@@ -226,7 +228,7 @@ class EpochLog:
                              f"the largest holding {metrics['cluster_imbalance']:.0f}× the smallest of the rest): held at "
                              f"the {labeler.prior.kind} prior's sizes from epoch {int(metrics['sizes_held_from_epoch'])} on")
         for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share",
-                    "clusters_empty", "cluster_imbalance"):
+                    "clusters_empty", "cluster_imbalance", "pseudo_label_confidence"):
             if key in metrics:
                 self.writer.add_scalar(f"epoch/{key}", metrics[key], state.epoch)
         self.writer.flush()

@@ -113,6 +113,9 @@ class WorkerState:
     # hard pseudo-labels per novel cluster over this epoch's valid novel rows, both views ([Ku], on the device;
     # reset and read by run_epoch: the label-free clusters_empty / cluster_imbalance of its metrics)
     cluster_counts: torch.Tensor | None = None
+    # the same rows' largest target share max_k q_ik, summed ([], on the device; reset and read with cluster_counts:
+    # the label-free pseudo_label_confidence of its metrics)
+    confidence_sum: torch.Tensor | None = None
 
     def averaged_model(self) -> NCDModel:
         """The model to evaluate and export: the moving average's copy when ``optim.average_epochs`` > 0, else
@@ -271,26 +274,38 @@ def hold_sizes(method: Method, held: bool) -> None:
 
 def count_pseudo_labels(state: WorkerState, q: torch.Tensor, valid: torch.Tensor) -> None:
     """Add the step's hard pseudo-labels (argmax of ``q [2, B, Ku]``, soft targets of both views) of the ``valid
-    [B]`` rows to ``state.cluster_counts``. Masked, not indexed: no device sync. Targets of another shape (a
-    method whose targets are not per-cluster distributions) are not counted."""
+    [B]`` rows to ``state.cluster_counts``, and their largest target shares ``max_k q`` to ``state.confidence_sum``.
+    Masked, not indexed: no device sync. Targets of another shape (a method whose targets are not per-cluster
+    distributions) are not counted."""
     num_novel = state.model.num_novel
     if q.dim() != 3 or q.shape[0] != 2 or q.shape[-1] != num_novel:
         return
-    hard = F.one_hot(q.argmax(-1), num_novel).to(torch.float32) * valid.to(q.device, torch.float32)[None, :, None]
-    counts = hard.sum((0, 1))
+    rows = valid.to(q.device, torch.float32)[None, :]  # [1, B]
+    top, hard = q.detach().float().max(-1)  # [2, B] each
+    counts = (F.one_hot(hard, num_novel).to(torch.float32) * rows[..., None]).sum((0, 1))
+    confidence = (top * rows).sum()
     state.cluster_counts = counts if state.cluster_counts is None else state.cluster_counts + counts
+    state.confidence_sum = confidence if state.confidence_sum is None else state.confidence_sum + confidence
 
 
 def epoch_cluster_sizes(state: WorkerState) -> dict[str, float]:
     """:func:`ncdlr.metrics.pseudo_label_sizes` of this epoch's pseudo-labels, summed over the ranks (collective
-    when distributed: every rank counts in the same steps); resets the counts. Empty without a counted step (the
-    known-class warm-up, or a method whose targets are not counted: alike on every rank)."""
+    when distributed: every rank counts in the same steps), and ``pseudo_label_confidence``: the mean over the same
+    rows of their target's largest share ``max_k q_ik`` (1: one-hot targets; ``1/Ku``: uniform ones; label-free, it
+    says how sharp the self-labels the novel loss trained on were). Resets the counts. Empty without a counted step
+    (the known-class warm-up, or a method whose targets are not counted: alike on every rank)."""
     counts, state.cluster_counts = state.cluster_counts, None
+    confidence, state.confidence_sum = state.confidence_sum, None
     if counts is None:
         return {}
+    totals = torch.cat([counts, confidence.reshape(1)])
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(counts)
-    return pseudo_label_sizes(counts.cpu().numpy())
+        dist.all_reduce(totals)
+    totals = totals.cpu().numpy()
+    sizes = pseudo_label_sizes(totals[:-1])
+    rows = float(totals[:-1].sum())
+    sizes["pseudo_label_confidence"] = float(totals[-1]) / rows if rows > 0 else float("nan")
+    return sizes
 
 
 def watch_relaxation(state: WorkerState, sizes: dict[str, float]) -> dict[str, float]:

@@ -152,29 +152,37 @@ def test_a_relax_bound_holds_the_sizes_from_the_epoch_after_the_one_that_ran_pas
 
 def test_an_epoch_reports_how_many_clusters_its_pseudo_labels_left_empty(splits):
     """``clusters_empty`` / ``cluster_imbalance``: the epoch's hard pseudo-labels (both views, valid rows) counted
-    per novel cluster, read from the targets the steps trained on; none in a known-class warm-up epoch."""
+    per novel cluster, read from the targets the steps trained on; ``pseudo_label_confidence``: the same rows'
+    mean largest target share; none of them in a known-class warm-up epoch."""
     from ncdlr.metrics import pseudo_label_sizes
 
     cfg = small_config()
     cfg.optim.known_warmup_epochs = 1.0
     state = new_state(cfg, splits)
     counts = torch.zeros(KU)
+    tops: list[torch.Tensor] = []
     targets = state.method.novel_targets_heads
 
     def counted(views, z1, z2, valid, step):
         out, times = targets(views, z1, z2, valid, step)
         counts.add_(torch.bincount(out[0][:, valid].argmax(-1).flatten(), minlength=KU).float())
+        tops.append(out[0][:, valid].amax(-1).flatten())
         return out, times
 
     state.method.novel_targets_heads = counted
     warmup = run_epoch(state, batches(splits, cfg), cfg.optim)
-    assert "clusters_empty" not in warmup and counts.sum() == 0 and state.cluster_counts is None
+    assert "clusters_empty" not in warmup and "pseudo_label_confidence" not in warmup
+    assert counts.sum() == 0 and state.cluster_counts is None and state.confidence_sum is None
     joint = run_epoch(state, batches(splits, cfg, 1), cfg.optim)
     expected = pseudo_label_sizes(counts.numpy())
     assert counts.sum() == 2 * joint["steps"] * cfg.data.batch_size  # every step's novel rows, two views
     assert joint["clusters_empty"] == expected["clusters_empty"]
     assert joint["cluster_imbalance"] == pytest.approx(expected["cluster_imbalance"])
-    assert state.cluster_counts is None  # reset for the next epoch
+    top = torch.cat(tops)
+    assert top.numel() == counts.sum()
+    assert joint["pseudo_label_confidence"] == pytest.approx(top.mean().item(), rel=1e-5)
+    assert 1.0 / KU <= joint["pseudo_label_confidence"] <= 1.0
+    assert state.cluster_counts is None and state.confidence_sum is None  # reset for the next epoch
 
 
 def test_invalid_rows_are_left_out_of_the_ot_problem_and_counted():
