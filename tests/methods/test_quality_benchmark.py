@@ -244,7 +244,7 @@ def test_the_ep_rung_split_variants_change_one_part_of_the_rung_each():
     assert (ep_task.labeler.prior, ep_task.labeler.use_buffer, ep_task.labeler.reg_m) == ("uniform", True, 0.0)
 
 
-def test_session_52_variants_are_the_configs_settings_with_one_labeler_field_changed():
+def test_session_52_variants_are_the_configs_settings_with_one_field_changed():
     """Session 52's variants: each config's setting (``-bound`` for Fashion-MNIST-LT, ``-task-cb-bound`` for the
     OpenClipart-LT config the later sets use) with Sinkhorn ε 0.01 in place of 0.05, ρ and everything else kept; and
     the OpenClipart-LT config's setting with the buffer of 2048 rows in place of 512, or trained 20 epochs in place
