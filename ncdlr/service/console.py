@@ -138,6 +138,24 @@ def progress_bar(done: int, total: int, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+#: A last epoch whose ``pseudo_label_confidence`` (mean largest target share of the unlabelled rows; 1 = one-hot) is
+#: under this gets a note: the self-labels were still sharpening, the novel clusters still forming, when the run
+#: ended. Set after session 53's runs (docs/results.md), between the two partitions where 20 epochs for 10 clustered
+#: the pool better (last-epoch confidence 0.82, 0.85) and the four where they changed nothing (0.98 and above)
+SOFT_AT_END = 0.9
+
+
+def still_forming_note(confidence: float, previous: float | None, epochs: int) -> str:
+    """The note after a last epoch whose pseudo-labels were still soft (``confidence`` < :data:`SOFT_AT_END`);
+    ``previous``: the epoch before's confidence (None: not seen, e.g. a one-epoch run)."""
+    trend = f", {previous:.2f} the epoch before" if previous is not None else ""
+    return (f"[ncdlr] note: the pseudo-labels were still soft at the last epoch (confidence {confidence:.2f}{trend}; "
+            f"1 = one-hot): the novel clusters had not finished forming when the schedule ended. A longer run "
+            f"(--optim.epochs {2 * epochs}) may cluster the unlabelled pool better: on Emoji-LT, where it ended at "
+            f"0.82-0.85, 20 epochs for 10 gained 2-4 novel points; where it ended at 0.98 or above, they changed "
+            f"nothing (docs/results.md, session 53)")
+
+
 class EpochLog:
     """Rank 0's record of a run: an epoch line, a progress line every ``progress_s`` seconds on long epochs
     (``run.log_every`` > 0), and TensorBoard scalars under ``<run.output>/tensorboard``; other ranks: nothing.
@@ -154,6 +172,7 @@ class EpochLog:
         self.writer = None
         self._epoch_start = self._last_line = time.perf_counter()
         self._steps_in_epoch = 0
+        self._confidence: float | None = None  # the previous epoch's pseudo_label_confidence
         if self.active:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -212,6 +231,10 @@ class EpochLog:
             + (f" val novel {metrics['val_novel']:.3f}" if "val_novel" in metrics else "")
             + (f" pseudo-label confidence {metrics['pseudo_label_confidence']:.2f}"
                if "pseudo_label_confidence" in metrics else ""))
+        confidence = metrics.get("pseudo_label_confidence")
+        if confidence is not None and state.epoch == self.cfg.optim.epochs and confidence < SOFT_AT_END:
+            self.say("line", still_forming_note(confidence, self._confidence, self.cfg.optim.epochs))
+        self._confidence = confidence
         empty = int(metrics.get("clusters_empty", 0))
         if empty:
             self.say("line", f"[ncdlr] warning: {empty} of {state.model.num_novel} novel clusters got no pseudo-label "

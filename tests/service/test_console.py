@@ -101,3 +101,29 @@ def test_the_first_line_names_the_optional_loss_terms_that_are_on():
     assert loss_options_phrase(1.0, 1.0) == "known-vs-novel term 1, known rows weighted by class count^-1"
     assert loss_options_phrase(0.0, 0.5) == "known rows weighted by class count^-0.5"
     assert loss_options_phrase(0.0, 0.0, 1.0) == "novel rows weighted by cluster size^-1"
+
+
+def test_a_last_epoch_with_soft_pseudo_labels_gets_a_note_and_a_sharp_one_none(tmp_path, capfd):
+    """The last epoch's ``pseudo_label_confidence`` under ``SOFT_AT_END`` says the clusters were still forming
+    (with the epoch before's value, and twice the epochs to try); an earlier soft epoch, or a last epoch at or above
+    it, or one without the metric (no self-labeler) says nothing."""
+    from types import SimpleNamespace
+
+    from ncdlr.service.config import Config
+    from ncdlr.service.console import SOFT_AT_END, EpochLog
+
+    cfg = Config()
+    cfg.run.output, cfg.optim.epochs = str(tmp_path), 3
+    metrics = {"epoch_s": 1.0, "loss": 0.5, "tau": 1.0, "bad_images": 0.0, "steps_per_s": 9.0}
+    notes = []
+    for last in (0.82, SOFT_AT_END, None):
+        log = EpochLog(cfg, rank=0)
+        for epoch, confidence in ((1, 0.3), (2, 0.79), (3, last)):
+            extra = {} if confidence is None else {"pseudo_label_confidence": confidence}
+            log.epoch(SimpleNamespace(epoch=epoch, model=SimpleNamespace(num_novel=35)), {**metrics, **extra})
+        log.close()
+        lines = capfd.readouterr().out.splitlines()
+        notes.append([line for line in lines if "note:" in line])
+        assert len(lines) == 3 + len(notes[-1])
+    assert [len(n) for n in notes] == [1, 0, 0]
+    assert "confidence 0.82, 0.79 the epoch before" in notes[0][0] and "--optim.epochs 6" in notes[0][0]
