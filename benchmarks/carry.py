@@ -49,14 +49,6 @@ SCORES = ("headline", "known")  # from the cell's own results (the test split's 
 GROUPS = ("head", "medium", "tail")
 
 
-def variant_epochs(spec: str) -> tuple[str, int | None]:
-    """``"ncdlr@5"`` → ``("ncdlr", 5)``; ``"ncdlr"`` → ``("ncdlr", None)`` (the dataset's default epochs)."""
-    name, _, epochs = spec.partition("@")
-    if epochs and not epochs.isdigit():
-        raise SystemExit(f"variant {spec!r}: the part after '@' must be an epoch count, e.g. ncdlr@5")
-    return name, int(epochs) if epochs else None
-
-
 def class_mean(correct: np.ndarray, y_true: np.ndarray, classes=None) -> float:
     """Class-mean accuracy (%) of ``correct [N]`` (bool) over ``classes`` (default: those present in ``y_true [N]``)."""
     classes = [int(c) for c in np.unique(y_true)] if classes is None else classes
@@ -111,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = head_medium_tail(sorted({int(c) for c in train_labels}), train_counts)
         per_variant = {}
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
-            name, epochs = variant_epochs(variant)
+            name, epochs = quality.variant_epochs(variant)
             cells = quality.read_cells(args.results, dataset, name, args.seeds, holdout_view=True, epochs=epochs)
             per_variant[variant] = {s: readings(c, num_known, train_labels, test_labels, groups)
                                     for s, c in cells.items()}

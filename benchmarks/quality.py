@@ -729,6 +729,15 @@ def cell_path(root: Path, dataset: str, variant: str, seed: int, epochs: int | N
                    f"{'-hv' if holdout_view else ''}.json")
 
 
+def variant_epochs(spec: str) -> tuple[str, int | None]:
+    """A readers' variant name with its run length: ``"ncdlr@20"`` → ``("ncdlr", 20)``, the cells of ``quality.py
+    --epochs 20``; ``"ncdlr"`` → ``("ncdlr", None)``, the dataset's default epochs (seed_spread.py, carry.py)."""
+    name, _, epochs = spec.partition("@")
+    if epochs and not epochs.isdigit():
+        raise SystemExit(f"variant {spec!r}: the part after '@' must be an epoch count, e.g. ncdlr@5")
+    return name, int(epochs) if epochs else None
+
+
 def read_cells(root: Path, dataset: str, variant: str, seeds: int, holdout_view: bool = False,
                epochs: int | None = None) -> dict[int, dict]:
     """``{seed: cell}`` of the cached cells (no trace) found for seeds ``0..seeds-1``: the dataset's default epochs,

@@ -48,7 +48,8 @@ split's (a bootstrap of the test images within each novel class, the seeds' corr
 is how far the same two models could score apart on another test split of the same size, which more seeds do not
 shrink. With several datasets it ends on their **pooled** gap (:func:`pooled_gap`: the mean, SE ``sqrt(Σ SE²) / n``);
 ``--results-of DATASET=DIR`` and ``--holdout-view-of DATASET`` read a dataset's cells from elsewhere, so partitions
-cached apart (OpenClipart-LT's holdout-view cells, Fashion's plain ones) pool in one command.
+cached apart (OpenClipart-LT's holdout-view cells, Fashion's plain ones) pool in one command. A variant ``NAME@E``
+reads the cells of ``quality.py --epochs E`` (e.g. ``--gap uno@20 uno``: UNO trained 20 epochs against its default).
 
 Usage::
 
@@ -350,8 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         novel_groups = head_medium_tail([int(c) for c in np.unique(y_true) if c >= num_known], train_counts)
         kept = {}  # variant -> {seed: cell} of the cells that kept their test predictions
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
-            found = quality.read_cells(results_of.get(dataset, args.results), dataset, variant, args.seeds,
-                                       holdout_view=args.holdout_view or dataset in args.holdout_view_of)
+            name, epochs = quality.variant_epochs(variant)
+            found = quality.read_cells(results_of.get(dataset, args.results), dataset, name, args.seeds,
+                                       holdout_view=args.holdout_view or dataset in args.holdout_view_of,
+                                       epochs=epochs)
             kept[variant] = {s: c for s, c in found.items() if "test_pred" in c}
         for variant in args.variants:
             cells = list(kept[variant].values())

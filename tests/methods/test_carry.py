@@ -62,9 +62,9 @@ def test_a_variant_names_its_epochs_and_reads_only_the_cells_of_that_many_epochs
     """``ncdlr@5`` reads ``quality.py --epochs 5``'s cells, plain ``ncdlr`` the default epochs' cells; a bad suffix
     is refused by name."""
     carry, quality = load_benchmark("carry"), load_benchmark("quality")
-    assert carry.variant_epochs("ncdlr@5") == ("ncdlr", 5) and carry.variant_epochs("uno") == ("uno", None)
+    assert quality.variant_epochs("ncdlr@5") == ("ncdlr", 5) and quality.variant_epochs("uno") == ("uno", None)
     with pytest.raises(SystemExit, match="ncdlr@five"):
-        carry.variant_epochs("ncdlr@five")
+        quality.variant_epochs("ncdlr@five")
     for epochs, seed in ((5, 0), (None, 0), (None, 1)):
         quality.cell_path(tmp_path, "d", "ncdlr", seed, epochs, holdout_view=True).write_text(
             f'{{"epochs": {epochs or 10}}}')

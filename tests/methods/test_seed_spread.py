@@ -330,6 +330,26 @@ def test_one_gap_command_pools_datasets_whose_cells_live_apart(tmp_path, capsys)
         seed_spread.main([*argv, "--results-of", "fashion-cached"])
 
 
+def test_a_gap_between_run_lengths_reads_each_variants_own_epochs(tmp_path, capsys):
+    """``--gap a@20 a`` pairs ``quality.py --epochs 20``'s cells of ``a`` with its default-length ones: on a tiny
+    table the 20-epoch cells name both novel classes and the default ones merge them, so the gap is +50; the plain
+    name alone reads only the default cells (50 %), and ``a@20`` only the longer ones (100 %)."""
+    seed_spread, quality = load_benchmark("seed_spread"), load_benchmark("quality")
+    argv = command_on_a_tiny_table(tmp_path, [0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2], num_known=1)
+    right = {"test_pred": [0, 1, 1, 2, 2], "novel_train": {"all": 1.0}}
+    merged = {"test_pred": [0, 1, 1, 1, 1], "novel_train": {"all": 0.5}}
+    for seed in (0, 1):
+        quality.cell_path(tmp_path, "fashion-cached", "a", seed, 20).write_text(json.dumps(right))
+        quality.cell_path(tmp_path, "fashion-cached", "a", seed, None).write_text(json.dumps(merged))
+    variants = argv.index("--variants") + 1
+    argv[variants] = "a@20"
+    assert seed_spread.main([*argv[:variants + 1], "a", *argv[variants + 1:], "--gap", "a@20", "a"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[1]: line for line in out.splitlines() if line.startswith("| fashion-cached |")}
+    assert "| 100.0 ± 0.0 |" in rows["a@20"] and "| 50.0 ± 0.0 |" in rows["a"]
+    assert "fashion-cached: a@20 − a on the test novel classes (the test split's own matching), 2 paired seeds: +50.0" in out
+
+
 def test_clusters_held_by_the_largest_class_count_its_pieces():
     """Novel classes 5 (six rows), 6 and 7 (two each), Ku = 4. Clusters 0 and 1 hold only class 5, cluster 2 holds
     two rows of class 5 and one of class 6, cluster 3 classes 6 and 7: class 5 is the majority of three clusters.
