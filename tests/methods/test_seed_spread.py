@@ -342,8 +342,8 @@ def test_a_gap_between_run_lengths_reads_each_variants_own_epochs(tmp_path, caps
         quality.cell_path(tmp_path, "fashion-cached", "a", seed, 20).write_text(json.dumps(right))
         quality.cell_path(tmp_path, "fashion-cached", "a", seed, None).write_text(json.dumps(merged))
     variants = argv.index("--variants") + 1
-    argv[variants] = "a@20"
-    assert seed_spread.main([*argv[:variants + 1], "a", *argv[variants + 1:], "--gap", "a@20", "a"]) == 0
+    argv[variants:variants + 1] = ["a@20", "a"]
+    assert seed_spread.main([*argv, "--gap", "a@20", "a"]) == 0
     out = capsys.readouterr().out
     rows = {line.split(" | ")[1]: line for line in out.splitlines() if line.startswith("| fashion-cached |")}
     assert "| 100.0 ± 0.0 |" in rows["a@20"] and "| 50.0 ± 0.0 |" in rows["a"]
