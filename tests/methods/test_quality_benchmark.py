@@ -401,3 +401,32 @@ def test_the_class_balanced_variant_is_the_configs_setting_with_the_known_rows_r
         assert weights[variant].isfinite().all()
     assert run.method.known_class_weights is not None and run.method.known_reweight == 1.0
     assert not torch.allclose(weights["ncdlr-uniform-relax"], weights["ncdlr-uniform-relax-cb"])
+
+
+def test_the_model_seed_variants_pin_the_prototypes_and_the_head_while_the_run_seed_follows_the_cell(tmp_path,
+                                                                                                   one_torch_thread):
+    """``…-m0`` / ``…-m3`` (session 55) are the OpenClipart-LT config's setting with ``model.prototype_seed`` pinned
+    and nothing else changed. A cell of seed s gets run seed s and model seed 0 or 3 (every other variant: both s).
+    Trained on one cache, ``-m3`` at run seed 0 starts from seed 3's ETF and head and ends apart from seed 0's run,
+    and ``-m0`` at run seed 0 is the plain variant's seed-0 run to the bit."""
+    from ncdlr.data.features import read_feature_table
+    from ncdlr.service.local import train
+
+    quality = load_benchmark("quality")
+    base = "ncdlr-uniform-relax-task-cb-bound"
+    for pinned in (0, 3):
+        assert quality.VARIANTS[f"{base}-m{pinned}"] == {**quality.VARIANTS[base], "model": {"prototype_seed": pinned}}
+    cache = {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}  # unequal known counts: relax_bound known needs them
+    splits = read_feature_table(write_activation_cache(tmp_path / "cache", cache, num_known=2))
+    seeds = {variant: (cfg.run.seed, cfg.model.prototype_seed) for variant in (base, f"{base}-m0", f"{base}-m3")
+             if (cfg := quality.variant_config("openclipart-cached", variant, 2, splits, 1))}
+    assert seeds == {base: (2, 2), f"{base}-m0": (2, 0), f"{base}-m3": (2, 3)}
+    runs = {}
+    for variant in (base, f"{base}-m0", f"{base}-m3"):
+        cfg = quality.variant_config("openclipart-cached", variant, 0, splits, 1)
+        cfg.data.batch_size = 4
+        run = train(cfg, splits)
+        runs[variant] = (run.model.prototypes.clone(), run.model.head.net.weight.detach().clone())
+    assert all(torch.equal(a, b) for a, b in zip(runs[base], runs[f"{base}-m0"]))
+    assert not torch.equal(runs[base][0], runs[f"{base}-m3"][0])
+    assert not torch.allclose(runs[base][1], runs[f"{base}-m3"][1])
