@@ -418,6 +418,7 @@ def test_the_model_seed_variants_pin_the_prototypes_and_the_head_while_the_run_s
         assert quality.VARIANTS[f"{base}-m{pinned}"] == {**quality.VARIANTS[base], "model": {"prototype_seed": pinned}}
     cache = {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}  # unequal known counts: relax_bound known needs them
     splits = read_feature_table(write_activation_cache(tmp_path / "cache", cache, num_known=2))
+
     def seeds_of(variant: str) -> tuple[int, int]:  # (run seed, model seed) of the variant's cell of seed 2
         cfg = quality.variant_config("openclipart-cached", variant, 2, splits, 1)
         return cfg.run.seed, cfg.model.prototype_seed
