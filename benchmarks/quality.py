@@ -70,7 +70,9 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   value for fine-grained sets: sharper self-labels); ncdlr-uniform-relax-task-cb-bound-j2048 (the OpenClipart-LT
   config's setting with the paper's buffer of 2048 rows instead of 512: more rows per cluster in each solve) and
   ncdlr-uniform-relax-task-cb-bound-e20 and ncdlr-uniform-relax-bound-e20 (each config's setting trained 20 epochs,
-  the schedule stretched with them);
+  the schedule stretched with them); ncdlr-uniform-relax-task-cb-bound-m0 / -m3 (the OpenClipart-LT config's setting
+  with the model seed pinned at 0 or 3, the run seed following the cell) and ncdlr-uniform-relax-task-cb-bound-t05
+  (that setting with a mean teacher labelling the novel rows, optim.teacher_epochs 0.5);
   uno-b2 and ncdlr-uniform-relax-b2 (the same two with the last two encoder blocks trained, model.trainable_blocks
   = 2: a cache made with ``ncdlr embed --trainable-blocks 2``, given with --table).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
@@ -290,6 +292,14 @@ VARIANTS: dict[str, dict[str, dict]] = {
                                                          "relax_bound": "known"},
                                              "method": {"task_weight": 1.0, "known_reweight": 1.0},
                                              "model": {"prototype_seed": 3}},
+    # session 56: the config's setting with a mean teacher labelling the novel rows (optim.teacher_epochs 0.5: an
+    # exponential moving average of the weights, horizon half an epoch, solved by the discovery step in place of the
+    # model's own logits). A run's fate is set in its early epochs by targets that follow every step of the model
+    # (session 55); a teacher whose labels move slower is the field's standard remedy. Fixed before any run
+    "ncdlr-uniform-relax-task-cb-bound-t05": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
+                                                          "relax_bound": "known"},
+                                              "method": {"task_weight": 1.0, "known_reweight": 1.0},
+                                              "optim": {"teacher_epochs": 0.5}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

@@ -12,7 +12,9 @@ A checkpoint is one file ``state.pt`` holding only tensors, numbers, strings, li
   ``metrics`` of the last epoch and ``tau_history`` (τ after every step, for the report);
 * ``average`` (only with ``optim.average_epochs`` > 0): the weights' moving average, ``{"model": model_state,
   "n_averaged": count}``. Evaluation, prediction and export read it instead of ``model``
-  (:func:`inference_state`); ``model`` stays the last iterate that training resumes from.
+  (:func:`inference_state`); ``model`` stays the last iterate that training resumes from;
+* ``teacher`` (only with ``optim.teacher_epochs`` > 0): the mean teacher that labels the novel rows, in the same
+  form; training only (evaluation never reads it).
 """
 
 from __future__ import annotations
@@ -77,10 +79,11 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
                     scheduler: Any, labeler: nn.Module | None, buffer: dict | None, step: int, epoch: int,
                     rng: list[dict[str, Any]], config: dict, metrics: dict[str, float] | None = None,
                     tau_history: list[float] | None = None, average: nn.Module | None = None,
-                    extra_labelers: nn.Module | None = None) -> Path:
+                    extra_labelers: nn.Module | None = None, teacher: nn.Module | None = None) -> Path:
     """Write ``directory/state.pt`` atomically (temp file then rename) and return its path. ``average``: a
     ``torch.optim.swa_utils.AveragedModel`` of ``model`` (``optim.average_epochs``), saved as well;
-    ``extra_labelers``: the labelers of heads 1..H-1 (``model.heads`` > 1), saved when there are any."""
+    ``extra_labelers``: the labelers of heads 1..H-1 (``model.heads`` > 1), saved when there are any; ``teacher``:
+    the ``AveragedModel`` whose labels the run trains on (``optim.teacher_epochs``), saved as well."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -97,8 +100,9 @@ def save_checkpoint(directory: str | Path, *, model: nn.Module, optimizer: torch
         "metrics": dict(metrics or {}),
         "tau_history": [float(v) for v in (tau_history or [])],
     }
-    if average is not None:
-        payload["average"] = {"model": model_state(average.module), "n_averaged": int(average.n_averaged)}
+    for key, averaged in (("average", average), ("teacher", teacher)):
+        if averaged is not None:
+            payload[key] = {"model": model_state(averaged.module), "n_averaged": int(averaged.n_averaged)}
     if extra_labelers is not None and len(extra_labelers):
         payload["extra_labelers"] = cpu_state(extra_labelers)
     tmp = directory / (FILENAME + ".tmp")
@@ -148,7 +152,7 @@ def save_state(directory: str | Path, state, *, buffer: dict | None, rng: list[d
     return save_checkpoint(directory, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler,
                            labeler=state.labeler, buffer=buffer, step=state.step, epoch=state.epoch, rng=rng,
                            config=config, metrics=metrics, tau_history=state.tau_history, average=state.average,
-                           extra_labelers=state.method.extra_labelers)
+                           extra_labelers=state.method.extra_labelers, teacher=state.teacher)
 
 
 def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
@@ -173,13 +177,16 @@ def restore_state(state, payload: dict[str, Any], rank: int = 0) -> dict | None:
     state.step = int(payload["step"])
     state.epoch = int(payload["epoch"])
     state.tau_history = list(payload.get("tau_history", []))
-    if state.average is not None:
-        average = payload.get("average")
-        if average:  # the moving average goes on where it stopped
-            load_model_state(state.average.module, average["model"], source)
-            state.average.n_averaged.fill_(int(average["n_averaged"]))
+    for key, averaged in (("average", state.average), ("teacher", state.teacher)):
+        if averaged is None:
+            continue
+        saved = payload.get(key)
+        if saved:  # the moving average goes on where it stopped
+            load_model_state(averaged.module, saved["model"], source)
+            averaged.n_averaged.fill_(int(saved["n_averaged"]))
         else:  # a checkpoint from a run without one: the average starts over from the restored weights
-            state.average.n_averaged.zero_()
+            load_model_state(averaged.module, payload["model"], source)
+            averaged.n_averaged.zero_()
     rng = payload.get("rng") or []
     if rng:
         set_rng_state(rng[rank] if rank < len(rng) else rng[0])

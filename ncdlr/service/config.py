@@ -84,6 +84,7 @@ class OptimConfig:
     known_warmup_epochs: float = 0.0  #: epochs at the start on the known classes alone (no self-labeling, no novel loss; the novel rows still pass through the encoder): the first pseudo-labels come from an encoder and head already shaped by the known classes, not from a random head (UNO's supervised stage, the paper's appendix E set-up). Counted in optim.epochs
     alpha: float = 1.0  #: α in L = L_s + α L_u
     mixup: float = 0.0  #: a > 0: mixup across the images of a batch with λ ~ Beta(a, a) (0 = off, the paper's step). The second view of every known and novel row is blended with another row's, and L gains L_s^mix + α L_u^mix against the same blend of the targets (one-hot labels; the novel pseudo-labels of the other view); targets, OT and buffer stay on the clean views. On an activation cache the blend is of the activations before the trained blocks (manifold mixup). One extra forward of 2B rows per step
+    teacher_epochs: float = 0.0  #: H > 0: the novel targets come from a mean teacher, an exponential moving average of the weights with a horizon of H epochs (decay 1 − 1/(H·steps per epoch)), run without gradient in eval mode on the novel views: its logits are what the discovery step solves and the buffer keeps, and the model trains on its labels (0 = off: the model labels itself, the paper's step). Evaluation and export stay the trained model's. One extra forward of the 2B novel rows per step
     average_epochs: float = 0.0  #: H > 0: also keep an exponential moving average of the weights (parameters and batch-norm buffers) with a horizon of H epochs (decay 1 − 1/(H·steps per epoch)), and evaluate, predict and export it instead of the last iterate (0 = off: the last iterate, the paper's)
     amp: bool = True  #: bfloat16 autocast on GPU (ignored on CPU)
     compile: bool = False  #: torch.compile the training forward (inductor; the first steps compile: minutes on a big encoder). docs/benchmarks.md, "GPU step", has what it gives
@@ -206,7 +207,7 @@ _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_ex
                               "labeler.gamma_per_cluster": 0.0, "labeler.reg_m": 0.0, "labeler.max_imbalance": 0.0,
                               "labeler.relax_after_epochs": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
-                              "optim.average_epochs": 0.0, "model.heads": 1,
+                              "optim.average_epochs": 0.0, "optim.teacher_epochs": 0.0, "model.heads": 1,
                               "method.task_weight": 0.0, "method.known_reweight": 0.0,
                               "method.novel_reweight": 0.0}  #: numeric keys with a lower bound
 

@@ -16,6 +16,9 @@ One step on rank ``r`` of ``W`` (``B`` known + ``B`` novel rows, two views each)
 With ``optim.mixup`` (off by default) the second views of the known and the novel rows are also blended with
 other rows of the batch (:mod:`ncdlr.methods.mixup`) and pass through the same forward; ``L`` gains
 ``L_s^mix + α L_u^mix`` against the same blend of their targets (labels; the other view's pseudo-labels).
+With ``optim.teacher_epochs`` > 0 (off by default) step 3 solves a *mean teacher*'s novel logits instead of the
+model's own: an exponential moving average of the weights, run without gradient in eval mode on the novel views
+(:func:`teacher_embeddings`); the model trains on the teacher's labels, and the teacher follows it after each step.
 With ``method.task_weight`` > 0 (off by default) ``L`` also gains the method's known-vs-novel term over the valid
 rows of both views (``Method.task_loss``; not on the mixed rows), from the first step, the warm-up included.
 """
@@ -106,6 +109,7 @@ class WorkerState:
     relax_from: int = 0  # first discovery step whose solves relax the sizes by reg_m (labeler.relax_after_epochs)
     seed: int = 0  # the run's seed: with the step and the rank it draws each step's mixup pairing (optim.mixup)
     average: AveragedModel | None = None  # the weights' moving average (optim.average_epochs), updated every step
+    teacher: AveragedModel | None = None  # the mean teacher that labels the novel rows (optim.teacher_epochs), likewise
     # model.heads > 1: each head's novel loss summed over this epoch's discovery steps ([H], on the device; reset
     # and read by run_epoch, which selects the predicting head from it)
     head_loss: torch.Tensor | None = None
@@ -164,7 +168,8 @@ def build_worker_state(optim: OptimConfig, model: NCDModel, method: Method, step
     return WorkerState(model, method, optimizer, scheduler, device,
                        discovery_from=int(round(optim.known_warmup_epochs * steps_per_epoch)),
                        relax_from=int(round(relax_after_epochs * steps_per_epoch)), seed=seed,
-                       average=moving_average(model, optim.average_epochs, steps_per_epoch))
+                       average=moving_average(model, optim.average_epochs, steps_per_epoch),
+                       teacher=moving_average(model, optim.teacher_epochs, steps_per_epoch))
 
 
 def moving_average(model: NCDModel, horizon_epochs: float, steps_per_epoch: int) -> AveragedModel | None:
@@ -224,7 +229,11 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         loss_u, times = zs.sum() * 0.0, {"exchange": 0.0, "ot": 0.0}
     else:
         hold_sizes(method, state.discovery_step < state.relax_from)
-        targets, times = method.novel_targets_heads(views, zn1, zn2, novel_valid, state.discovery_step)
+        if state.teacher is None:
+            targets, times = method.novel_targets_heads(views, zn1, zn2, novel_valid, state.discovery_step)
+        else:  # the mean teacher's logits of the same novel views are what the discovery step solves
+            teacher_views, tn1, tn2 = teacher_embeddings(state.teacher.module, x[2 * b:4 * b], heads, use_amp)
+            targets, times = method.novel_targets_heads(teacher_views, tn1, tn2, novel_valid, state.discovery_step)
         q = targets[0]
         count_pseudo_labels(state, q, novel_valid)
         has_novel = bool(novel_valid.any())
@@ -252,8 +261,9 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
     loss.backward()
     state.optimizer.step()
     state.scheduler.step()
-    if state.average is not None:
-        state.average.update_parameters(model)
+    for averaged in (state.average, state.teacher):
+        if averaged is not None:
+            averaged.update_parameters(model)
     state.step += 1
     return {
         "loss": loss.item(), "loss_s": loss_s.item(), "loss_u": loss_u.item(), "loss_mix": loss_mix.item(),
@@ -262,6 +272,25 @@ def train_step(state: WorkerState, batch: PairedBatch, optim: OptimConfig) -> di
         "bad_images": float((~batch.known_valid).sum() + (~batch.novel_valid).sum()),
         "exchange_s": times["exchange"], "ot_s": times["ot"],
     }
+
+
+def teacher_embeddings(teacher: NCDModel, x_novel: torch.Tensor, heads: int, use_amp: bool
+                       ) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """The mean teacher's view of the step's novel rows (``optim.teacher_epochs``): ``x_novel [2B, ...]`` (view 1
+    rows, then view 2 rows) through ``teacher`` without gradient, in eval mode (batch-norm layers use the teacher's
+    averaged statistics, so the batch's own statistics do not move its labels), under the step's autocast.
+    Returns the teacher's per-head prototype views (what the discovery step reads the novel prototypes from) and
+    its embeddings ``[H, B, D]`` of each view."""
+    was_training = teacher.training
+    teacher.eval()
+    try:
+        with torch.no_grad(), torch.autocast(device_type=x_novel.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            zt = teacher(x_novel, all_heads=True).float() if heads > 1 else teacher(x_novel).float()[None]
+    finally:
+        teacher.train(was_training)
+    views = [teacher] if heads == 1 else [teacher.head_view(h) for h in range(heads)]
+    tn1, tn2 = zt.split(x_novel.shape[0] // 2, dim=1)
+    return views, tn1, tn2
 
 
 def hold_sizes(method: Method, held: bool) -> None:

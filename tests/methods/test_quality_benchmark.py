@@ -433,3 +433,25 @@ def test_the_model_seed_variants_pin_the_prototypes_and_the_head_while_the_run_s
     assert all(torch.equal(a, b) for a, b in zip(runs[base], runs[f"{base}-m0"]))
     assert not torch.equal(runs[base][0], runs[f"{base}-m3"][0])
     assert not torch.allclose(runs[base][1], runs[f"{base}-m3"][1])
+
+
+def test_the_teacher_variant_is_the_config_with_a_mean_teacher_and_trains_on_an_activation_cache(tmp_path,
+                                                                                                one_torch_thread):
+    """``…-t05`` (session 56) is the OpenClipart-LT config's setting with ``optim.teacher_epochs 0.5`` and nothing
+    else changed; on a tiny activation cache (a trained conv block) it trains through the local loop, apart from the
+    plain variant's run of the same seed."""
+    from ncdlr.data.features import read_feature_table
+    from ncdlr.service.local import train
+
+    quality = load_benchmark("quality")
+    base = "ncdlr-uniform-relax-task-cb-bound"
+    assert quality.VARIANTS[f"{base}-t05"] == {**quality.VARIANTS[base], "optim": {"teacher_epochs": 0.5}}
+    cache = {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}  # unequal known counts: relax_bound known needs them
+    splits = read_feature_table(write_activation_cache(tmp_path / "cache", cache, num_known=2))
+    heads = {}
+    for variant in (base, f"{base}-t05"):
+        cfg = quality.variant_config("openclipart-cached", variant, 0, splits, 1)
+        assert cfg.optim.teacher_epochs == (0.5 if variant.endswith("t05") else 0.0)
+        cfg.data.batch_size = 4
+        heads[variant] = train(cfg, splits).model.head.net.weight.detach().clone()
+    assert not torch.allclose(heads[base], heads[f"{base}-t05"])

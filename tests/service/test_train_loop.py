@@ -431,6 +431,80 @@ def test_an_averaged_run_is_refused_a_negative_horizon():
     assert load_config(overrides=["--average-epochs", "2"]).optim.average_epochs == 2.0
 
 
+def test_the_mean_teacher_labels_the_novel_rows_and_follows_the_weights(splits):
+    """``optim.teacher_epochs`` H: the discovery step solves the teacher's embeddings of the step's novel views
+    (eval mode, no gradient), not the model's; the teacher is the initial model at the first step and an exponential
+    moving average of the iterates with decay 1 − 1/(H · steps per epoch) after it (checked by hand); the model is
+    what evaluation reads (``averaged_model()``), and the first step's labels are a plain run's, since both label
+    with the same weights then (the head has no batch-dependent layer)."""
+    cfg = small_config()
+    plain = new_state(cfg, splits)
+    t_cfg = copy.deepcopy(cfg)
+    t_cfg.optim.teacher_epochs = 0.5
+    taught = new_state(t_cfg, splits)
+    assert plain.teacher is None and taught.teacher is not None and taught.averaged_model() is taught.model
+    seen: list[tuple] = []
+    solve = taught.method.novel_targets_heads
+    taught.method.novel_targets_heads = lambda views, z1, z2, *rest: (seen.append((views, z1, z2)),
+                                                                       solve(views, z1, z2, *rest))[1]
+    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
+    decay = 1 - 1 / (0.5 * steps)
+    expected = {n: p.detach().clone() for n, p in taught.model.named_parameters()}
+    for i, batch in enumerate(batches(splits, cfg)):
+        if i == 3:
+            break
+        with torch.no_grad():
+            z1, z2 = taught.teacher.module(batch.novel_view1), taught.teacher.module(batch.novel_view2)
+        a, b = train_step(plain, batch, cfg.optim), train_step(taught, batch, t_cfg.optim)
+        views, t1, t2 = seen[-1]
+        assert views[0] is taught.teacher.module and torch.equal(t1[0], z1) and torch.equal(t2[0], z2)
+        if i == 0:  # both label with the initial weights: the same step
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        for n, p in taught.model.named_parameters():  # the first update copies, then the EMA
+            expected[n] = p.detach().clone() if i == 0 else decay * expected[n] + (1 - decay) * p.detach()
+    teacher = dict(taught.teacher.module.named_parameters())
+    for n, value in expected.items():
+        torch.testing.assert_close(teacher[n], value, rtol=1e-5, atol=1e-6)
+    last = dict(taught.model.named_parameters())
+    assert any(not torch.equal(teacher[n], last[n]) for n in last)  # three steps in, the teacher lags the model
+    assert any(not torch.equal(p, last[n]) for n, p in plain.model.named_parameters())  # and trains it elsewhere
+
+
+def test_the_teacher_runs_in_eval_mode_and_leaves_the_model_training():
+    """:func:`teacher_embeddings` reads batch-norm layers with the teacher's stored statistics (eval mode), touches
+    no statistics, keeps no graph, and leaves the teacher in the mode it found it in; the embeddings come back per
+    view, ``[H, B, D]``."""
+    from ncdlr.service.train_loop import teacher_embeddings
+
+    class Normed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return torch.nn.functional.normalize(self.proj(self.norm(x)), dim=-1)
+
+    torch.manual_seed(0)
+    teacher = Normed().train()
+    teacher.norm.running_mean.fill_(5.0)
+    stats = {n: b.clone() for n, b in teacher.named_buffers()}
+    x = torch.randn(10, 4, requires_grad=True)
+    views, t1, t2 = teacher_embeddings(teacher, x, heads=1, use_amp=False)
+    assert views == [teacher] and t1.shape == t2.shape == (1, 5, 3) and not t1.requires_grad
+    assert teacher.training and all(torch.equal(stats[n], b) for n, b in teacher.named_buffers())
+    with torch.no_grad():
+        eval_out = Normed.forward(teacher.eval(), x)
+    assert torch.equal(torch.cat([t1[0], t2[0]]), eval_out)
+
+
+def test_a_taught_run_is_refused_a_negative_horizon():
+    from ncdlr.service.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="optim.teacher_epochs"):
+        load_config(overrides=["--optim.teacher_epochs", "-0.5"])
+    assert load_config(overrides=["--teacher-epochs", "0.5"]).optim.teacher_epochs == 0.5
+
+
 # ---- distributed ≡ single process (gloo, two local processes, no Ray) -------------------------------------------
 
 def pseudo_labels_without_side_effects(state, batch, cfg, step, rank):
@@ -554,16 +628,19 @@ def _train(state, cfg, splits, epochs):
     return history
 
 
-@pytest.mark.parametrize("mixup, average, heads, relax", [(0.0, 0.0, 1, False), (0.4, 0.0, 1, False),
-                                                         (0.0, 0.5, 1, False), (0.0, 0.5, 3, False), (0.0, 0.0, 1, True)])
-def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup, average, heads, relax):
+@pytest.mark.parametrize("mixup, average, heads, relax, teacher",
+                         [(0.0, 0.0, 1, False, 0.0), (0.4, 0.0, 1, False, 0.0), (0.0, 0.5, 1, False, 0.0),
+                          (0.0, 0.5, 3, False, 0.0), (0.0, 0.0, 1, True, 0.0), (0.0, 0.0, 3, False, 0.5)])
+def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mixup, average, heads, relax, teacher):
     """With mixup too: each step's pairing is drawn from (seed, step, rank), so a resumed run pairs as before.
     With a moving average of the weights (``optim.average_epochs``) the average goes on where it stopped, and
     evaluation reads it from the checkpoint (``inference_state``). With several heads (``model.heads``) every
     head's labeler and the selected head come back too. With the relaxation's warm-up (``relax``: sizes held for
-    the first 7 steps, relaxed from the 8th, inside the resumed epochs) the resumed run switches at the same step."""
+    the first 7 steps, relaxed from the 8th, inside the resumed epochs) the resumed run switches at the same step.
+    With a mean teacher (``optim.teacher_epochs``, here with three heads) the teacher goes on where it stopped."""
     cfg = small_config()
     cfg.optim.mixup, cfg.optim.average_epochs, cfg.model.heads = mixup, average, heads
+    cfg.optim.teacher_epochs = teacher
     cfg.data.max_steps_per_epoch = 5
     if relax:
         cfg.labeler.reg_m = 0.45
@@ -600,6 +677,31 @@ def test_resume_after_k_epochs_equals_an_uninterrupted_run(splits, tmp_path, mix
         assert not all(torch.equal(exported[n], p) for n, p in resumed.model.named_parameters() if p.requires_grad)
     else:
         assert "average" not in load_checkpoint(tmp_path)
+    if teacher:
+        for (name, a), b in zip(full.teacher.module.state_dict().items(), resumed.teacher.module.state_dict().values()):
+            assert torch.equal(a, b), name
+        assert int(resumed.teacher.n_averaged) == full.step
+    else:
+        assert "teacher" not in load_checkpoint(tmp_path)
+
+
+def test_a_teacher_resumed_from_a_checkpoint_without_one_starts_from_the_restored_weights(splits, tmp_path):
+    """A run given ``optim.teacher_epochs`` on resume from a checkpoint written without a teacher: the teacher
+    starts as the restored model (not the new process's initial weights), so the first resumed step's labels come
+    from the trained weights; the next update copies the model again (``n_averaged`` 0)."""
+    cfg = small_config()
+    cfg.data.max_steps_per_epoch = 5
+    first = new_state(cfg, splits)
+    _train(first, cfg, splits, 1)
+    save_state(tmp_path, first, buffer=None, rng=[rng_state()], config=cfg.to_dict())
+    taught_cfg = copy.deepcopy(cfg)
+    taught_cfg.optim.teacher_epochs = 0.5
+    torch.manual_seed(123)
+    resumed = new_state(taught_cfg, splits)
+    restore_state(resumed, load_checkpoint(tmp_path))
+    assert int(resumed.teacher.n_averaged) == 0
+    for (name, a), b in zip(first.model.state_dict().items(), resumed.teacher.module.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_checkpoint_loads_with_weights_only(splits, tmp_path):
