@@ -7,10 +7,12 @@ stem runs every step; decoding and cropping are NOT counted, which favours image
 run, interleaved, so the ratio holds on a noisy machine. With ``--mixup A`` a third mode, the cache step with
 ``optim.mixup = A`` (2B more rows through the trained block), is interleaved too and priced against the plain cache
 step (``mixup_cost``). With ``--average-epochs H`` another mode, the cache step that also updates a moving average
-of the weights (``optim.average_epochs = H``), priced the same way (``average_cost``). One JSON line.
+of the weights (``optim.average_epochs = H``), priced the same way (``average_cost``); with ``--teacher-epochs H``
+the cache step whose novel rows a mean teacher labels (``optim.teacher_epochs = H``: one more forward of the 2B
+novel rows, no gradient, and a second moving average), priced the same way (``teacher_cost``). One JSON line.
 
 Usage:  .venv/bin/python benchmarks/bench_cache.py [--batch 32] [--size 160] [--steps 6] [--threads 1] [--mixup 1]
-            [--average-epochs 2]
+            [--average-epochs 2] [--teacher-epochs 0.5]
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the cache step with optim.mixup = this Beta parameter (0: not timed)")
     parser.add_argument("--average-epochs", type=float, default=0.0,
                         help="also time the cache step with optim.average_epochs = this horizon (0: not timed)")
+    parser.add_argument("--teacher-epochs", type=float, default=0.0,
+                        help="also time the cache step with optim.teacher_epochs = this horizon (0: not timed)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = Config()
@@ -78,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         average_model = build_model(cfg.model, 22, 21, image_size=args.size)
         average_model.load_state_dict(image_model.state_dict())
         states["average"] = (state_for(cfg, average_model, averaged), acts)
-    optim_of = {"mixup": mixed, "average": averaged}
+    taught = copy.deepcopy(cfg.optim)
+    taught.teacher_epochs = args.teacher_epochs
+    if args.teacher_epochs > 0:
+        teacher_model = build_model(cfg.model, 22, 21, image_size=args.size)
+        teacher_model.load_state_dict(image_model.state_dict())
+        states["teacher"] = (state_for(cfg, teacher_model, taught), acts)
+    optim_of = {"mixup": mixed, "average": averaged, "teacher": taught}
     times: dict[str, list[float]] = {mode: [] for mode in states}
     for step in range(args.steps + 1):
         for mode, (state, views) in states.items():
@@ -96,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         average_s = statistics.median(times["average"])
         extra.update(average_epochs=args.average_epochs, average_step_s=round(average_s, 4),
                      average_cost=round(average_s / cache_s, 2))
+    if args.teacher_epochs > 0:
+        teacher_s = statistics.median(times["teacher"])
+        extra.update(teacher_epochs=args.teacher_epochs, teacher_step_s=round(teacher_s, 4),
+                     teacher_cost=round(teacher_s / cache_s, 2))
     print(json.dumps({"batch": b, "size": args.size, "threads": args.threads, "activation_shape": list(acts[0].shape[1:]),
                       "image_step_s": round(image_s, 4), "cache_step_s": round(cache_s, 4),
                       "speedup": round(image_s / cache_s, 2),
