@@ -72,7 +72,7 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   ncdlr-uniform-relax-task-cb-bound-e20 and ncdlr-uniform-relax-bound-e20 (each config's setting trained 20 epochs,
   the schedule stretched with them); ncdlr-uniform-relax-task-cb-bound-m0 / -m3 (the OpenClipart-LT config's setting
   with the model seed pinned at 0 or 3, the run seed following the cell) and ncdlr-uniform-relax-task-cb-bound-t05
-  (that setting with a mean teacher labelling the novel rows, optim.teacher_epochs 0.5);
+  (that setting with a mean teacher labelling the novel rows, optim.teacher_epochs 0.5; -t2: horizon 2 epochs);
   uno-b2 and ncdlr-uniform-relax-b2 (the same two with the last two encoder blocks trained, model.trainable_blocks
   = 2: a cache made with ``ncdlr embed --trainable-blocks 2``, given with --table).
   Ladder: baseline (uno) < +buffer < +EP < +ASL (ncdlr).
@@ -300,6 +300,12 @@ VARIANTS: dict[str, dict[str, dict]] = {
                                                           "relax_bound": "known"},
                                               "method": {"task_weight": 1.0, "known_reweight": 1.0},
                                               "optim": {"teacher_epochs": 0.5}},
+    # session 56's dose: the same teacher with a horizon of 2 epochs (targets that move four times slower). Fixed
+    # before any run of either
+    "ncdlr-uniform-relax-task-cb-bound-t2": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
+                                                         "relax_bound": "known"},
+                                             "method": {"task_weight": 1.0, "known_reweight": 1.0},
+                                             "optim": {"teacher_epochs": 2.0}},
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),

@@ -437,8 +437,8 @@ def test_the_model_seed_variants_pin_the_prototypes_and_the_head_while_the_run_s
 
 def test_the_teacher_variant_is_the_config_with_a_mean_teacher_and_trains_on_an_activation_cache(tmp_path,
                                                                                                 one_torch_thread):
-    """``…-t05`` (session 56) is the OpenClipart-LT config's setting with ``optim.teacher_epochs 0.5`` and nothing
-    else changed; on a tiny activation cache (a trained conv block) it trains through the local loop, apart from the
+    """``…-t05`` and ``…-t2`` (session 56) are the OpenClipart-LT config's setting with ``optim.teacher_epochs`` 0.5
+    or 2 and nothing else changed; on a tiny activation cache (a trained conv block) it trains through the local loop, apart from the
     plain variant's run of the same seed."""
     from ncdlr.data.features import read_feature_table
     from ncdlr.service.local import train
@@ -446,6 +446,7 @@ def test_the_teacher_variant_is_the_config_with_a_mean_teacher_and_trains_on_an_
     quality = load_benchmark("quality")
     base = "ncdlr-uniform-relax-task-cb-bound"
     assert quality.VARIANTS[f"{base}-t05"] == {**quality.VARIANTS[base], "optim": {"teacher_epochs": 0.5}}
+    assert quality.VARIANTS[f"{base}-t2"] == {**quality.VARIANTS[base], "optim": {"teacher_epochs": 2.0}}
     cache = {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}  # unequal known counts: relax_bound known needs them
     splits = read_feature_table(write_activation_cache(tmp_path / "cache", cache, num_known=2))
     heads = {}
