@@ -36,6 +36,10 @@ from ncdlr.service.config import Config  # noqa: E402
 from ncdlr.service.train_loop import PairedBatch, build_worker_state, train_step  # noqa: E402
 
 
+#: the modes priced against the plain cache step: mode → the ``optim`` key it switches on (and the flag that sets it)
+EXTRA_MODES = {"mixup": "mixup", "average": "average_epochs", "teacher": "teacher_epochs"}
+
+
 def state_for(cfg: Config, model, optim=None):
     method = build_method(cfg.method, cfg.labeler, model.num_novel)
     method.connect(buffer=LocalBuffer(cfg.labeler.buffer_size, model.num_novel, "cpu"))
@@ -70,25 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         acts = [image_model.encoder.eval().stem(c, 1) for c in crops]
     labels, valid = torch.randint(0, 22, (b,)), torch.ones(b, dtype=torch.bool)
     states = {"image": (state_for(cfg, image_model), crops), "cache": (state_for(cfg, cached_model), acts)}
-    mixed = copy.deepcopy(cfg.optim)
-    mixed.mixup = args.mixup
-    if args.mixup > 0:
-        mixup_model = build_model(cfg.model, 22, 21, image_size=args.size)
-        mixup_model.load_state_dict(image_model.state_dict())
-        states["mixup"] = (state_for(cfg, mixup_model), acts)
-    averaged = copy.deepcopy(cfg.optim)
-    averaged.average_epochs = args.average_epochs
-    if args.average_epochs > 0:
-        average_model = build_model(cfg.model, 22, 21, image_size=args.size)
-        average_model.load_state_dict(image_model.state_dict())
-        states["average"] = (state_for(cfg, average_model, averaged), acts)
-    taught = copy.deepcopy(cfg.optim)
-    taught.teacher_epochs = args.teacher_epochs
-    if args.teacher_epochs > 0:
-        teacher_model = build_model(cfg.model, 22, 21, image_size=args.size)
-        teacher_model.load_state_dict(image_model.state_dict())
-        states["teacher"] = (state_for(cfg, teacher_model, taught), acts)
-    optim_of = {"mixup": mixed, "average": averaged, "teacher": taught}
+    optim_of = {}
+    for mode, key in EXTRA_MODES.items():  # each priced mode: the cache step with one optim setting switched on
+        value = getattr(args, key)
+        if value > 0:
+            optim_of[mode] = copy.deepcopy(cfg.optim)
+            setattr(optim_of[mode], key, value)
+            model = build_model(cfg.model, 22, 21, image_size=args.size)
+            model.load_state_dict(image_model.state_dict())
+            states[mode] = (state_for(cfg, model, optim_of[mode]), acts)
     times: dict[str, list[float]] = {mode: [] for mode in states}
     for step in range(args.steps + 1):
         for mode, (state, views) in states.items():
@@ -99,17 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                 times[mode].append(time.perf_counter() - start)
     image_s, cache_s = statistics.median(times["image"]), statistics.median(times["cache"])
     extra = {}
-    if args.mixup > 0:
-        mixup_s = statistics.median(times["mixup"])
-        extra = {"mixup": args.mixup, "mixup_step_s": round(mixup_s, 4), "mixup_cost": round(mixup_s / cache_s, 2)}
-    if args.average_epochs > 0:
-        average_s = statistics.median(times["average"])
-        extra.update(average_epochs=args.average_epochs, average_step_s=round(average_s, 4),
-                     average_cost=round(average_s / cache_s, 2))
-    if args.teacher_epochs > 0:
-        teacher_s = statistics.median(times["teacher"])
-        extra.update(teacher_epochs=args.teacher_epochs, teacher_step_s=round(teacher_s, 4),
-                     teacher_cost=round(teacher_s / cache_s, 2))
+    for mode in optim_of:
+        mode_s = statistics.median(times[mode])
+        extra.update({EXTRA_MODES[mode]: getattr(args, EXTRA_MODES[mode]), f"{mode}_step_s": round(mode_s, 4),
+                      f"{mode}_cost": round(mode_s / cache_s, 2)})
     print(json.dumps({"batch": b, "size": args.size, "threads": args.threads, "activation_shape": list(acts[0].shape[1:]),
                       "image_step_s": round(image_s, 4), "cache_step_s": round(cache_s, 4),
                       "speedup": round(image_s / cache_s, 2),

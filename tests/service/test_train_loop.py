@@ -393,18 +393,30 @@ def test_a_mixup_run_is_refused_a_negative_beta_parameter():
     assert load_config(overrides=["--mixup", "0.4"]).optim.mixup == 0.4
 
 
+def beside_a_plain_run(splits, horizon_key: str):
+    """A plain state and one whose ``optim.<horizon_key>`` (a moving average's horizon in epochs) is 0.5, from the
+    same seed: ``(cfg, plain, cfg_with_it, state_with_it, decay)``, the decay ``1 − 1/(0.5 · steps per epoch)``."""
+    cfg = small_config()
+    plain = new_state(cfg, splits)
+    other_cfg = copy.deepcopy(cfg)
+    setattr(other_cfg.optim, horizon_key, 0.5)
+    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
+    return cfg, plain, other_cfg, new_state(other_cfg, splits), 1 - 1 / (0.5 * steps)
+
+
+def follow_by_hand(expected: dict, model, update: int, decay: float) -> None:
+    """An ``AveragedModel``'s EMA of ``model``'s parameters by hand, in place: its first update copies, later ones
+    mix in ``1 − decay`` of the iterate."""
+    for n, p in model.named_parameters():
+        expected[n] = p.detach().clone() if update == 0 else decay * expected[n] + (1 - decay) * p.detach()
+
+
 def test_the_weights_moving_average_follows_every_step_and_leaves_training_alone(splits):
     """``optim.average_epochs`` H: the state keeps an exponential moving average of the weights with decay
     1 − 1/(H · steps per epoch), checked against the iterates by hand; training itself (losses, τ, the last
     iterate) is the same as without it, and ``averaged_model()`` is the average (the last iterate when off)."""
-    cfg = small_config()
-    plain = new_state(cfg, splits)
-    avg_cfg = copy.deepcopy(cfg)
-    avg_cfg.optim.average_epochs = 0.5
-    averaged = new_state(avg_cfg, splits)
+    cfg, plain, avg_cfg, averaged, decay = beside_a_plain_run(splits, "average_epochs")
     assert plain.average is None and plain.averaged_model() is plain.model
-    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
-    decay = 1 - 1 / (0.5 * steps)
     expected = {n: p.detach().clone() for n, p in averaged.model.named_parameters()}
     for i, batch in enumerate(batches(splits, cfg)):
         if i == 3:
@@ -412,8 +424,7 @@ def test_the_weights_moving_average_follows_every_step_and_leaves_training_alone
         a, b = train_step(plain, batch, cfg.optim), train_step(averaged, batch, avg_cfg.optim)
         timings = ("ot_s", "exchange_s")
         assert {k: v for k, v in a.items() if k not in timings} == {k: v for k, v in b.items() if k not in timings}
-        for n, p in averaged.model.named_parameters():  # the first update copies, then the EMA
-            expected[n] = p.detach().clone() if i == 0 else decay * expected[n] + (1 - decay) * p.detach()
+        follow_by_hand(expected, averaged.model, i, decay)
     for (n, p), q in zip(plain.model.named_parameters(), averaged.model.parameters()):
         assert torch.equal(p, q), n
     mean = dict(averaged.averaged_model().named_parameters())
@@ -437,18 +448,12 @@ def test_the_mean_teacher_labels_the_novel_rows_and_follows_the_weights(splits):
     moving average of the iterates with decay 1 − 1/(H · steps per epoch) after it (checked by hand); the model is
     what evaluation reads (``averaged_model()``), and the first step's labels are a plain run's, since both label
     with the same weights then (the head has no batch-dependent layer)."""
-    cfg = small_config()
-    plain = new_state(cfg, splits)
-    t_cfg = copy.deepcopy(cfg)
-    t_cfg.optim.teacher_epochs = 0.5
-    taught = new_state(t_cfg, splits)
+    cfg, plain, t_cfg, taught, decay = beside_a_plain_run(splits, "teacher_epochs")
     assert plain.teacher is None and taught.teacher is not None and taught.averaged_model() is taught.model
     seen: list[tuple] = []
     solve = taught.method.novel_targets_heads
     taught.method.novel_targets_heads = lambda views, z1, z2, *rest: (seen.append((views, z1, z2)),
                                                                        solve(views, z1, z2, *rest))[1]
-    steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1)
-    decay = 1 - 1 / (0.5 * steps)
     expected = {n: p.detach().clone() for n, p in taught.model.named_parameters()}
     for i, batch in enumerate(batches(splits, cfg)):
         if i == 3:
@@ -460,8 +465,7 @@ def test_the_mean_teacher_labels_the_novel_rows_and_follows_the_weights(splits):
         assert views[0] is taught.teacher.module and torch.equal(t1[0], z1) and torch.equal(t2[0], z2)
         if i == 0:  # both label with the initial weights: the same step
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
-        for n, p in taught.model.named_parameters():  # the first update copies, then the EMA
-            expected[n] = p.detach().clone() if i == 0 else decay * expected[n] + (1 - decay) * p.detach()
+        follow_by_hand(expected, taught.model, i, decay)
     teacher = dict(taught.teacher.module.named_parameters())
     for n, value in expected.items():
         torch.testing.assert_close(teacher[n], value, rtol=1e-5, atol=1e-6)
