@@ -125,6 +125,17 @@ from ncdlr.service.rehearsal import (UNIFORM, apply_gamma, choose_candidate, one
 #: (κ = 0.5), where every novel row fell into one cluster (Fashion-MNIST-LT p0, 5 seeds: docs/results.md session 21)
 RELAX_REG_M = 0.45
 
+def oc_config_with(**sections: dict) -> dict[str, dict]:
+    """The OpenClipart-LT config's setting as a variant (``configs/openclipart.yaml``: the uniform prior with relaxed
+    sizes and their bound, the known-vs-novel term and the class-balanced known loss), with ``sections``' keys set on
+    top (``labeler={"eps": 0.01}`` merges into its labeler section; a new section is added). A fresh dict each call."""
+    variant = {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"},
+               "method": {"task_weight": 1.0, "known_reweight": 1.0}}
+    for section, values in sections.items():
+        variant[section] = {**variant.get(section, {}), **values}
+    return variant
+
+
 VARIANTS: dict[str, dict[str, dict]] = {
     "uno": {"method": {"name": "uno"}, "model": {"prototypes": "learnable"}, "labeler": {"prior": "uniform", "use_buffer": False}},
     "autonovel": {"method": {"name": "autonovel", "consistency": 1.0}, "model": {"prototypes": "learnable"},
@@ -250,31 +261,23 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # known): the relaxation may follow the long tail the labelled classes show, not run past it. Alone and on the
     # OpenClipart-LT config; the bound is the one the bounded prior reads (labeler.max_imbalance 0), fixed before any run
     "ncdlr-uniform-relax-bound": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"}},
-    "ncdlr-uniform-relax-task-cb-bound": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"},
-                                          "method": {"task_weight": 1.0, "known_reweight": 1.0}},
+    "ncdlr-uniform-relax-task-cb-bound": oc_config_with(),
     # session 52: each config's setting with Sinkhorn ε 0.01, method.md §4's value for fine-grained sets, in place of
     # 0.05 (ρ kept: the cost-against-sizes weight of the relaxation). Sharper self-labels against MSE's small clustering
     # gain on the sets with many close novel classes (session 51): a soft target over many ETF prototypes is a short
     # mixture of them, so the pull towards any one cluster is weak. Fixed before any run
     "ncdlr-uniform-relax-bound-eps001": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known",
                                                      "eps": 0.01}},
-    "ncdlr-uniform-relax-task-cb-bound-eps001": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
-                                                             "relax_bound": "known", "eps": 0.01},
-                                                 "method": {"task_weight": 1.0, "known_reweight": 1.0}},
+    "ncdlr-uniform-relax-task-cb-bound-eps001": oc_config_with(labeler={"eps": 0.01}),
     # session 52, second run: the OpenClipart-LT config's setting with the paper's buffer of 2048 rows instead of 512.
     # With 35 or 20 novel clusters a solve over 512 + 128 rows gives each cluster about 18 or 32 rows (the rarest
     # far fewer); 2048 + 128 gives 62 or 109. Session 11's J = 2048 lost with the learned prior (τ followed the older
     # rows' skew); the configs' uniform prior has no τ. Fixed before any run
-    "ncdlr-uniform-relax-task-cb-bound-j2048": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
-                                                            "relax_bound": "known", "buffer_size": 2048},
-                                                "method": {"task_weight": 1.0, "known_reweight": 1.0}},
+    "ncdlr-uniform-relax-task-cb-bound-j2048": oc_config_with(labeler={"buffer_size": 2048}),
     # session 52, third run: the same setting trained 20 epochs instead of 10 (the schedule stretched with it). On
     # Emoji-LT the self-labels' largest share is still rising at epoch 10 (0.82; one-hot from epoch 2 on Fashion-MNIST-LT):
     # the 35 clusters are still forming when the learning rate has decayed. Fixed before any run
-    "ncdlr-uniform-relax-task-cb-bound-e20": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
-                                                          "relax_bound": "known"},
-                                              "method": {"task_weight": 1.0, "known_reweight": 1.0},
-                                              "optim": {"epochs": 20}},
+    "ncdlr-uniform-relax-task-cb-bound-e20": oc_config_with(optim={"epochs": 20}),
     # session 53: the Fashion-MNIST-LT config's setting trained 20 epochs, the same single change on the set whose
     # self-labels are one-hot from epoch 2 (where "still forming" predicts no gain). Fixed before any run
     "ncdlr-uniform-relax-bound-e20": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M, "relax_bound": "known"},
@@ -284,28 +287,16 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # every other draw). These pin the model seed at 0 or 3 while the run seed goes through the seeds, so a seed's
     # outcome can be laid at one of the two (OpenClipart-LT p2's seed 3 ends ~7 novel points below the others in
     # every arm so far). Fixed before any run
-    "ncdlr-uniform-relax-task-cb-bound-m0": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
-                                                         "relax_bound": "known"},
-                                             "method": {"task_weight": 1.0, "known_reweight": 1.0},
-                                             "model": {"prototype_seed": 0}},
-    "ncdlr-uniform-relax-task-cb-bound-m3": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
-                                                         "relax_bound": "known"},
-                                             "method": {"task_weight": 1.0, "known_reweight": 1.0},
-                                             "model": {"prototype_seed": 3}},
+    "ncdlr-uniform-relax-task-cb-bound-m0": oc_config_with(model={"prototype_seed": 0}),
+    "ncdlr-uniform-relax-task-cb-bound-m3": oc_config_with(model={"prototype_seed": 3}),
     # session 56: the config's setting with a mean teacher labelling the novel rows (optim.teacher_epochs 0.5: an
     # exponential moving average of the weights, horizon half an epoch, solved by the discovery step in place of the
     # model's own logits). A run's fate is set in its early epochs by targets that follow every step of the model
     # (session 55); a teacher whose labels move slower is the field's standard remedy. Fixed before any run
-    "ncdlr-uniform-relax-task-cb-bound-t05": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
-                                                          "relax_bound": "known"},
-                                              "method": {"task_weight": 1.0, "known_reweight": 1.0},
-                                              "optim": {"teacher_epochs": 0.5}},
+    "ncdlr-uniform-relax-task-cb-bound-t05": oc_config_with(optim={"teacher_epochs": 0.5}),
     # session 56's dose: the same teacher with a horizon of 2 epochs (targets that move four times slower). Fixed
     # before any run of either
-    "ncdlr-uniform-relax-task-cb-bound-t2": {"labeler": {"prior": "uniform", "reg_m": RELAX_REG_M,
-                                                         "relax_bound": "known"},
-                                             "method": {"task_weight": 1.0, "known_reweight": 1.0},
-                                             "optim": {"teacher_epochs": 2.0}},
+    "ncdlr-uniform-relax-task-cb-bound-t2": oc_config_with(optim={"teacher_epochs": 2.0}),
 }
 POSTHOC_OF = {"uno": ("none", "la", "crt"), "ncdlr": ("none", "la", "crt"), "ncdlr-bounded": ("none", "la", "crt"),
               "ncdlr-anchored": ("none", "la", "crt"), "ncdlr-valgamma": ("none", "la", "crt"),
