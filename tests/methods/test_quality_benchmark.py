@@ -438,8 +438,8 @@ def test_the_model_seed_variants_pin_the_prototypes_and_the_head_while_the_run_s
 def test_the_teacher_variant_is_the_config_with_a_mean_teacher_and_trains_on_an_activation_cache(tmp_path,
                                                                                                 one_torch_thread):
     """``…-t05`` and ``…-t2`` (session 56) are the OpenClipart-LT config's setting with ``optim.teacher_epochs`` 0.5
-    or 2 and nothing else changed; on a tiny activation cache (a trained conv block) it trains through the local loop, apart from the
-    plain variant's run of the same seed."""
+    or 2 and nothing else changed; on a tiny activation cache (a trained conv block) ``…-t05`` trains through the
+    local loop, apart from the plain variant's run of the same seed."""
     from ncdlr.data.features import read_feature_table
     from ncdlr.service.local import train
 
