@@ -68,7 +68,8 @@ Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   imbalanced than the known classes' n_max/n_min or leave a cluster empty); ncdlr-uniform-relax-bound-eps001 and
   ncdlr-uniform-relax-task-cb-bound-eps001 (those two, the configs' settings, with Sinkhorn ε 0.01, method.md's
   value for fine-grained sets: sharper self-labels); ncdlr-uniform-relax-task-cb-bound-j2048 (the OpenClipart-LT
-  config's setting with the paper's buffer of 2048 rows instead of 512: more rows per cluster in each solve) and
+  config's setting with the paper's buffer of 2048 rows instead of 512: more rows per cluster in each solve; -j256:
+  256 rows, fewer older rows in each solve) and
   ncdlr-uniform-relax-task-cb-bound-e20 and ncdlr-uniform-relax-bound-e20 (each config's setting trained 20 epochs,
   the schedule stretched with them); ncdlr-uniform-relax-task-cb-bound-m0 / -m3 (the OpenClipart-LT config's setting
   with the model seed pinned at 0 or 3, the run seed following the cell) and ncdlr-uniform-relax-task-cb-bound-t05
@@ -274,6 +275,10 @@ VARIANTS: dict[str, dict[str, dict]] = {
     # far fewer); 2048 + 128 gives 62 or 109. Session 11's J = 2048 lost with the learned prior (τ followed the older
     # rows' skew); the configs' uniform prior has no τ. Fixed before any run
     "ncdlr-uniform-relax-task-cb-bound-j2048": oc_config_with(labeler={"buffer_size": 2048}),
+    # session 56, second question: the other side of the buffer's length, 256 rows (half the config's). Session 52
+    # read the 2048-row loss as the older rows of a long buffer weakening the size constraint on the batch's rows; if
+    # so, fewer older rows should cluster the small icon pools better. Fixed before any run
+    "ncdlr-uniform-relax-task-cb-bound-j256": oc_config_with(labeler={"buffer_size": 256}),
     # session 52, third run: the same setting trained 20 epochs instead of 10 (the schedule stretched with it). On
     # Emoji-LT the self-labels' largest share is still rising at epoch 10 (0.82; one-hot from epoch 2 on Fashion-MNIST-LT):
     # the 35 clusters are still forming when the learning rate has decayed. Fixed before any run

@@ -456,3 +456,14 @@ def test_the_teacher_variant_is_the_config_with_a_mean_teacher_and_trains_on_an_
         cfg.data.batch_size = 4
         heads[variant] = train(cfg, splits).model.head.net.weight.detach().clone()
     assert not torch.allclose(heads[base], heads[f"{base}-t05"])
+
+
+def test_the_buffer_length_variants_change_only_the_buffer_of_the_config():
+    """``…-j2048`` (session 52) and ``…-j256`` (session 56) are the OpenClipart-LT config's setting with another
+    ``labeler.buffer_size`` and nothing else."""
+    quality = load_benchmark("quality")
+    base = quality.VARIANTS["ncdlr-uniform-relax-task-cb-bound"]
+    for rows in (2048, 256):
+        variant = quality.VARIANTS[f"ncdlr-uniform-relax-task-cb-bound-j{rows}"]
+        assert variant == {**base, "labeler": {**base["labeler"], "buffer_size": rows}}
+
