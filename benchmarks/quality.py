@@ -126,6 +126,7 @@ from ncdlr.service.rehearsal import (UNIFORM, apply_gamma, choose_candidate, one
 #: (κ = 0.5), where every novel row fell into one cluster (Fashion-MNIST-LT p0, 5 seeds: docs/results.md session 21)
 RELAX_REG_M = 0.45
 
+
 def oc_config_with(**sections: dict) -> dict[str, dict]:
     """The OpenClipart-LT config's setting as a variant (``configs/openclipart.yaml``: the uniform prior with relaxed
     sizes and their bound, the known-vs-novel term and the class-balanced known loss), with ``sections``' keys set on

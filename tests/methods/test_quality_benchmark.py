@@ -403,6 +403,12 @@ def test_the_class_balanced_variant_is_the_configs_setting_with_the_known_rows_r
     assert not torch.allclose(weights["ncdlr-uniform-relax"], weights["ncdlr-uniform-relax-cb"])
 
 
+def unequal_known_cache(folder) -> str:
+    """:data:`TINY_CACHE` with unequal known training counts (6 and 2 rows), as the OpenClipart-LT config's
+    ``labeler.relax_bound known`` needs (the bound is the known classes' n_max/n_min)."""
+    return write_activation_cache(folder, {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}, num_known=2)
+
+
 def test_the_model_seed_variants_pin_the_prototypes_and_the_head_while_the_run_seed_follows_the_cell(tmp_path,
                                                                                                    one_torch_thread):
     """``…-m0`` / ``…-m3`` (session 55) are the OpenClipart-LT config's setting with ``model.prototype_seed`` pinned
@@ -416,8 +422,7 @@ def test_the_model_seed_variants_pin_the_prototypes_and_the_head_while_the_run_s
     base = "ncdlr-uniform-relax-task-cb-bound"
     for pinned in (0, 3):
         assert quality.VARIANTS[f"{base}-m{pinned}"] == {**quality.VARIANTS[base], "model": {"prototype_seed": pinned}}
-    cache = {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}  # unequal known counts: relax_bound known needs them
-    splits = read_feature_table(write_activation_cache(tmp_path / "cache", cache, num_known=2))
+    splits = read_feature_table(unequal_known_cache(tmp_path / "cache"))
 
     def seeds_of(variant: str) -> tuple[int, int]:  # (run seed, model seed) of the variant's cell of seed 2
         cfg = quality.variant_config("openclipart-cached", variant, 2, splits, 1)
@@ -447,8 +452,7 @@ def test_the_teacher_variant_is_the_config_with_a_mean_teacher_and_trains_on_an_
     base = "ncdlr-uniform-relax-task-cb-bound"
     assert quality.VARIANTS[f"{base}-t05"] == {**quality.VARIANTS[base], "optim": {"teacher_epochs": 0.5}}
     assert quality.VARIANTS[f"{base}-t2"] == {**quality.VARIANTS[base], "optim": {"teacher_epochs": 2.0}}
-    cache = {**TINY_CACHE, "known": (3, [0, 0, 0, 0, 0, 0, 1, 1])}  # unequal known counts: relax_bound known needs them
-    splits = read_feature_table(write_activation_cache(tmp_path / "cache", cache, num_known=2))
+    splits = read_feature_table(unequal_known_cache(tmp_path / "cache"))
     heads = {}
     for variant in (base, f"{base}-t05"):
         cfg = quality.variant_config("openclipart-cached", variant, 0, splits, 1)
@@ -466,4 +470,3 @@ def test_the_buffer_length_variants_change_only_the_buffer_of_the_config():
     for rows in (2048, 256):
         variant = quality.VARIANTS[f"ncdlr-uniform-relax-task-cb-bound-j{rows}"]
         assert variant == {**base, "labeler": {**base["labeler"], "buffer_size": rows}}
-
