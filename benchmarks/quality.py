@@ -653,6 +653,9 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: same without and with both (the variant ``ncdlr-uniform-relax-task-cb``, session 34); ``posthoc``: the dataset
 #: config's predictions as they are against after the logit adjustment by the pseudo-label prior (``method.posthoc``
 #: la, the +LA rows), both from one training per draw (evaluation-only: :func:`ncdlr.service.rehearsal.training_key`).
+#: ``config-epochs``: configs/openclipart.yaml's whole setting (the variant ``ncdlr-uniform-relax-task-cb-bound``) at
+#: the dataset's 10 epochs against the same at 20 (``-e20``); ``epochs`` above rehearses the paper's algorithm, which
+#: every variant starts from, not the config (session 57).
 UNIFORM_RELAXED: dict[str, object] = {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}  #: the configs' sizes
 
 
@@ -674,6 +677,8 @@ EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "task-balance": {"uniform-relaxed": UNIFORM_RELAXED,
                      "uniform-relaxed-task-cb": variant_edits("ncdlr-uniform-relax-task-cb")},
     "posthoc": {"plain": {}, "la": {"method.posthoc": "la"}},
+    "config-epochs": {"config": variant_edits("ncdlr-uniform-relax-task-cb-bound"),
+                      "config-e20": variant_edits("ncdlr-uniform-relax-task-cb-bound-e20")},
 }
 
 

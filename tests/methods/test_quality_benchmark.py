@@ -317,6 +317,20 @@ def test_the_task_and_balance_rehearsals_weigh_the_configs_setting_against_their
     assert candidates == {"uniform-relaxed": quality.UNIFORM_RELAXED, challenger: as_edits}
 
 
+def test_the_config_epochs_rehearsal_weighs_the_openclipart_config_at_10_against_20_epochs():
+    """``--select-setting config-epochs`` (session 57): both candidates are configs/openclipart.yaml's whole setting,
+    not the paper's algorithm that ``epochs`` edits, and they differ in the run length alone, the config's 10 the
+    default."""
+    quality = load_benchmark("quality")
+    key, candidates, default = quality.rehearsal_candidates("config-epochs")
+    assert (key, default, list(candidates)) == ("config-epochs", "config", ["config", "config-e20"])
+    config, longer = candidates["config"], candidates["config-e20"]
+    assert config["labeler.prior"] == "uniform" and config["labeler.relax_bound"] == "known"
+    assert config["method.task_weight"] == config["method.known_reweight"] == 1.0
+    assert "optim.epochs" not in config and longer == {**config, "optim.epochs": 20}
+    assert quality.dataset_config("openclipart-cached", None).optim.epochs == 10
+
+
 #: the splits of the tiny caches below: ``{split: (views, labels)}``, 2 known and 2 novel classes
 TINY_CACHE = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
 
