@@ -890,8 +890,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=sorted({*SETTING_REHEARSALS, *EDIT_REHEARSALS}),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
-                             "(labeler.momentum 0.99 or 0.9), epochs (the paper's algorithm at optim.epochs 10 or 20), mixup "
-                             "(optim.mixup 0 or 1), average (optim.average_epochs 0 or 2), relax (labeler.reg_m 0 or "
+                             "(labeler.momentum 0.99 or 0.9), epochs (the paper's algorithm at optim.epochs 10 or "
+                             "20), mixup (optim.mixup 0 or 1), average (optim.average_epochs 0 or 2), relax (labeler.reg_m 0 or "
                              "0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior), uniform-sizes "
                              "(held, or relaxed with the uniform prior), relax-hold (the configs' relaxed sizes, or "
                              "the same after one epoch of held sizes), task (the configs' relaxed sizes without or "
