@@ -890,15 +890,15 @@ def main(argv: list[str] | None = None) -> int:
                         choices=sorted({*SETTING_REHEARSALS, *EDIT_REHEARSALS}),
                         help="run (or read) each dataset's known-class rehearsal of these settings, cached as "
                              "select-<name>-<dataset>.json: warmup (optim.known_warmup_epochs 0 or 1), momentum "
-                             "(labeler.momentum 0.99 or 0.9), epochs (the paper's algorithm at optim.epochs 10 or "
-                             "20), mixup (optim.mixup 0 or 1), average (optim.average_epochs 0 or 2), relax (labeler.reg_m 0 or "
-                             "0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior), uniform-sizes "
-                             "(held, or relaxed with the uniform prior), relax-hold (the configs' relaxed sizes, or "
-                             "the same after one epoch of held sizes), task (the configs' relaxed sizes without or "
-                             "with method.task_weight 1), known-balance (the same without or with "
-                             "method.known_reweight 1), task-balance (the same without or with both), posthoc (the "
-                             "dataset config's predictions plain or after method.posthoc la; one training per draw), "
-                             "config-epochs (configs/openclipart.yaml's setting at 10 or 20 epochs)")
+                             "(labeler.momentum 0.99 or 0.9), epochs (the paper's algorithm at optim.epochs 10 or 20), "
+                             "mixup (optim.mixup 0 or 1), average (optim.average_epochs 0 or 2), relax (labeler.reg_m 0"
+                             " or 0.45), sizes (held sizes, relaxed, or relaxed with the uniform prior), uniform-sizes "
+                             "(held, or relaxed with the uniform prior), relax-hold (the configs' relaxed sizes, or the"
+                             " same after one epoch of held sizes), task (the configs' relaxed sizes without or with "
+                             "method.task_weight 1), known-balance (the same without or with method.known_reweight 1), "
+                             "task-balance (the same without or with both), posthoc (the dataset config's predictions "
+                             "plain or after method.posthoc la; one training per draw), config-epochs "
+                             "(configs/openclipart.yaml's setting at 10 or 20 epochs)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--select-draws", type=int, default=SELECT_DRAWS,
                         help=f"validation draws of each --select-setting rehearsal (default {SELECT_DRAWS}); a cached "
