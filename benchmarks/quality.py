@@ -655,7 +655,8 @@ SETTING_REHEARSALS: dict[str, tuple[str, tuple[float, ...], float]] = {
 #: la, the +LA rows), both from one training per draw (evaluation-only: :func:`ncdlr.service.rehearsal.training_key`).
 #: ``config-epochs``: configs/openclipart.yaml's whole setting (the variant ``ncdlr-uniform-relax-task-cb-bound``) at
 #: the dataset's 10 epochs against the same at 20 (``-e20``); ``epochs`` above rehearses the paper's algorithm, which
-#: every variant starts from, not the config (session 57).
+#: every variant starts from, not the config (session 57). ``fashion-config-epochs``: the same for
+#: configs/fashion_mnist.yaml's setting (``ncdlr-uniform-relax-bound`` against its ``-e20``; session 58).
 UNIFORM_RELAXED: dict[str, object] = {"labeler.prior": "uniform", "labeler.reg_m": RELAX_REG_M}  #: the configs' sizes
 
 
@@ -679,6 +680,8 @@ EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "posthoc": {"plain": {}, "la": {"method.posthoc": "la"}},
     "config-epochs": {"config": variant_edits("ncdlr-uniform-relax-task-cb-bound"),
                       "config-e20": variant_edits("ncdlr-uniform-relax-task-cb-bound-e20")},
+    "fashion-config-epochs": {"config": variant_edits("ncdlr-uniform-relax-bound"),
+                              "config-e20": variant_edits("ncdlr-uniform-relax-bound-e20")},
 }
 
 
@@ -898,7 +901,8 @@ def main(argv: list[str] | None = None) -> int:
                              "method.task_weight 1), known-balance (the same without or with method.known_reweight 1), "
                              "task-balance (the same without or with both), posthoc (the dataset config's predictions "
                              "plain or after method.posthoc la; one training per draw), config-epochs "
-                             "(configs/openclipart.yaml's setting at 10 or 20 epochs)")
+                             "(configs/openclipart.yaml's setting at 10 or 20 epochs), fashion-config-epochs "
+                             "(configs/fashion_mnist.yaml's setting at 10 or 20 epochs)")
     parser.add_argument("--select-warmup", action="store_true", help="the same as --select-setting warmup")
     parser.add_argument("--select-draws", type=int, default=SELECT_DRAWS,
                         help=f"validation draws of each --select-setting rehearsal (default {SELECT_DRAWS}); a cached "

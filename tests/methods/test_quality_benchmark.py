@@ -331,6 +331,29 @@ def test_the_config_epochs_rehearsal_weighs_the_openclipart_config_at_10_against
     assert quality.dataset_config("openclipart-cached", None).optim.epochs == 10
 
 
+def test_the_fashion_config_epochs_rehearsal_weighs_the_fashion_config_at_10_against_20_epochs():
+    """``--select-setting fashion-config-epochs`` (session 58): the incumbent is configs/fashion_mnist.yaml's setting
+    read from the file itself (its sizes and its bound, without the OpenClipart-LT config's block term or balanced
+    known loss), and the challenger is the same at 20 epochs; the file trains 10."""
+    from pathlib import Path
+
+    from ncdlr.service.config import load_config
+
+    quality = load_benchmark("quality")
+    key, candidates, default = quality.rehearsal_candidates("fashion-config-epochs")
+    assert (key, default, list(candidates)) == ("fashion-config-epochs", "config", ["config", "config-e20"])
+    shipped = load_config(Path(__file__).resolve().parents[2] / "configs" / "fashion_mnist.yaml", [])
+    config, longer = candidates["config"], candidates["config-e20"]
+    for dotted, value in config.items():
+        section, name = dotted.split(".")
+        assert getattr(getattr(shipped, section), name) == value, dotted
+    assert {"labeler.prior", "labeler.reg_m", "labeler.relax_bound"} <= set(config)
+    assert shipped.method.task_weight == shipped.method.known_reweight == 0.0
+    assert not any(dotted.startswith("method.") for dotted in config)
+    assert longer == {**config, "optim.epochs": 20} and shipped.optim.epochs == 10
+    assert quality.dataset_config("fashion-cached", None).optim.epochs == 10
+
+
 #: the splits of the tiny caches below: ``{split: (views, labels)}``, 2 known and 2 novel classes
 TINY_CACHE = {"known": (3, [0, 1, 0, 1, 1, 0]), "novel": (3, [2, 3, 3, 2, 2, 3]), "test": (1, [0, 1, 2, 3])}
 
