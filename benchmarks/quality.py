@@ -667,6 +667,11 @@ def variant_edits(variant: str) -> dict[str, object]:
             for section, values in VARIANTS[variant].items() for name, value in values.items()}
 
 
+def run_length_edits(variant: str) -> dict[str, dict[str, object]]:
+    """A config's run-length rehearsal: the variant ``variant`` (a config's whole setting) against its ``-e20`` twin."""
+    return {"config": variant_edits(variant), "config-e20": variant_edits(f"{variant}-e20")}
+
+
 EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "sizes": {"held": {}, "relaxed": {"labeler.reg_m": RELAX_REG_M}, "uniform-relaxed": UNIFORM_RELAXED},
     "uniform-sizes": {"held": {}, "uniform-relaxed": UNIFORM_RELAXED},
@@ -678,10 +683,8 @@ EDIT_REHEARSALS: dict[str, dict[str, dict[str, object]]] = {
     "task-balance": {"uniform-relaxed": UNIFORM_RELAXED,
                      "uniform-relaxed-task-cb": variant_edits("ncdlr-uniform-relax-task-cb")},
     "posthoc": {"plain": {}, "la": {"method.posthoc": "la"}},
-    "config-epochs": {"config": variant_edits("ncdlr-uniform-relax-task-cb-bound"),
-                      "config-e20": variant_edits("ncdlr-uniform-relax-task-cb-bound-e20")},
-    "fashion-config-epochs": {"config": variant_edits("ncdlr-uniform-relax-bound"),
-                              "config-e20": variant_edits("ncdlr-uniform-relax-bound-e20")},
+    "config-epochs": run_length_edits("ncdlr-uniform-relax-task-cb-bound"),
+    "fashion-config-epochs": run_length_edits("ncdlr-uniform-relax-bound"),
 }
 
 
