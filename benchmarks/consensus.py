@@ -21,12 +21,20 @@ under the test split's Hungarian matching (the headline's measure):
   jackknife standard error over the seeds (:func:`jackknife_se`: each seed left out in turn, the subsets without
   it), since the subsets share seeds;
 - with ``--gap A B``: the vote of A − the vote of B on the same seed subsets (the fair comparison of two methods
-  that are both given ``M`` trainings), jackknife SE likewise.
+  that are both given ``M`` trainings), jackknife SE likewise;
+- with ``--restart-score``: a third label-free combination, one run's own score in place of the others' agreement
+  (:func:`restart_pick`): each run is scored by how often the held-out crop of a novel training row (the cached view
+  that ``quality.py --holdout-view`` kept out of training) falls in the same cluster as the row's view 0
+  (:func:`heldout_agreement`), and the run scoring highest is kept. A run that splits one large class over two
+  clusters draws an arbitrary boundary through it, which unseen crops of its images cross; merging two small classes
+  draws none. A second table gives, per (dataset, variant), the rank correlation of that score with the test novel
+  accuracy and with the novel training rows' clustering accuracy over the seeds, and the pick against the mean of its
+  subset's runs (jackknife SE), novel and known.
 
 Usage::
 
     .venv/bin/python benchmarks/consensus.py --datasets openclipart-cached --variants ncdlr uno --seeds 10 \\
-        --size 5 --results /work/cache/quality-hv --holdout-view [--gap ncdlr uno]
+        --size 5 --results /work/cache/quality-hv --holdout-view [--gap ncdlr uno] [--restart-score]
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+from scipy.stats import spearmanr
 from sklearn.metrics import adjusted_rand_score
 
 HERE = Path(__file__).resolve().parent
@@ -166,6 +175,77 @@ def consensus(y_true: np.ndarray, num_known: int, num_novel: int, cells: dict[in
     return Consensus(single, agreement, subsets, np.array(pick), np.array(voted), np.array(members))
 
 
+def heldout_agreement(cell: dict) -> float:
+    """The share of novel training rows whose held-out crop (``novel_heldout_pred [N']``, a cached view training never
+    showed) falls in the same novel cluster as their view 0 (``novel_train_pred [N']``); label-free, in ``[0, 1]``.
+    ``nan`` for a cell without held-out predictions (one not run with ``quality.py --holdout-view``)."""
+    heldout = cell.get("novel_heldout_pred")
+    if heldout is None:
+        return float("nan")
+    return float(np.mean(np.asarray(heldout, np.int64) == np.asarray(cell["novel_train_pred"], np.int64)))
+
+
+class RestartPick(NamedTuple):
+    """One (dataset, variant) picked by :func:`heldout_agreement` over its seed subsets of one size: per seed the
+    ``score``, the test ``novel`` and ``known`` accuracies and the ``train_novel`` clustering accuracy (points); per
+    subset (``subsets``) the picked run's ``pick_novel`` and ``pick_known`` and the ``members`` (mean novel of the
+    subset's runs)."""
+
+    score: dict[int, float]
+    novel: dict[int, float]
+    known: dict[int, float]
+    train_novel: dict[int, float]
+    subsets: list[tuple[int, ...]]
+    pick_novel: np.ndarray
+    pick_known: np.ndarray
+    members: np.ndarray
+
+
+def restart_pick(cells: dict[int, dict], size: int) -> RestartPick:
+    """:class:`RestartPick` of ``cells`` (``{seed: cell}``: quality.py cells with ``results``, ``novel_train`` and
+    held-out predictions) over every subset of ``size`` seeds: in each subset the run with the highest
+    :func:`heldout_agreement` is kept (the first of equals, by seed). Accuracies are the cells' own headline numbers
+    (the test split's Hungarian matching), so only the choice is new."""
+    if size < 2 or len(cells) < size:
+        raise ValueError(f"need 2 <= size <= seeds, got size {size} of {len(cells)} seeds")
+    seeds = sorted(cells)
+    score = {s: heldout_agreement(cells[s]) for s in seeds}
+    if any(np.isnan(v) for v in score.values()):
+        raise ValueError("every cell needs novel_heldout_pred: run quality.py with --holdout-view")
+    novel = {s: 100.0 * cells[s]["results"]["none"]["novel"] for s in seeds}
+    known = {s: 100.0 * cells[s]["results"]["none"]["known"] for s in seeds}
+    train_novel = {s: 100.0 * cells[s]["novel_train"]["all"] for s in seeds}
+    subsets = list(itertools.combinations(seeds, size))
+    picked = [max(sub, key=lambda s: (score[s], -s)) for sub in subsets]
+    return RestartPick(score, novel, known, train_novel, subsets, np.array([novel[s] for s in picked]),
+                       np.array([known[s] for s in picked]),
+                       np.array([np.mean([novel[s] for s in sub]) for sub in subsets]))
+
+
+def rank_correlation(a: dict[int, float], b: dict[int, float]) -> float:
+    """Spearman's rank correlation of two per-seed readings over their common seeds (``nan`` if either is constant)."""
+    seeds = sorted(set(a) & set(b))
+    values = [a[s] for s in seeds], [b[s] for s in seeds]
+    if len(seeds) < 3 or min(len(set(v)) for v in values) < 2:
+        return float("nan")
+    return float(spearmanr(*values).statistic)
+
+
+def restart_row(dataset: str, variant: str, r: RestartPick, size: int) -> str:
+    """One markdown row of :func:`main`'s ``--restart-score`` table."""
+    seeds = sorted(r.score)
+    single = np.array([r.novel[s] for s in seeds])
+    gain = r.pick_novel - r.members
+    known_gain = r.pick_known - np.array([np.mean([r.known[s] for s in sub]) for sub in r.subsets])
+    scores = np.array([r.score[s] for s in seeds])
+    return (f"| {dataset} | {variant} | {len(seeds)} | {scores.min():.3f}–{scores.max():.3f} "
+            f"| {rank_correlation(r.score, r.novel):+.2f} | {rank_correlation(r.score, r.train_novel):+.2f} "
+            f"| {size} ({len(r.subsets)}) | {single.mean():.1f} ± {single.std():.1f} "
+            f"| {r.pick_novel.mean():.1f} ± {r.pick_novel.std():.1f} "
+            f"| {gain.mean():+.1f} ({jackknife_se(gain, r.subsets, seeds):.1f}) "
+            f"| {known_gain.mean():+.1f} ({jackknife_se(known_gain, r.subsets, seeds):.1f}) |")
+
+
 def row(dataset: str, variant: str, c: Consensus, size: int) -> str:
     """One markdown row of the table :func:`main` prints."""
     single = np.array(list(c.single.values()))
@@ -177,6 +257,20 @@ def row(dataset: str, variant: str, c: Consensus, size: int) -> str:
             f"| {gain.mean():+.1f} ({jackknife_se(gain, c.subsets, seeds):.1f}) |")
 
 
+def restart_gap_row(dataset: str, a: RestartPick, b: RestartPick) -> str:
+    """One markdown row: ``a``'s pick − ``b``'s pick on the seed subsets both have (each method given the same
+    trainings and its own label-free choice), novel and known with jackknife SEs, and the paired single-run gap."""
+    b_at = {sub: i for i, sub in enumerate(b.subsets)}
+    common = [sub for sub in a.subsets if sub in b_at]
+    rows = [(i, b_at[sub]) for i, sub in enumerate(a.subsets) if sub in b_at]
+    novel = np.array([a.pick_novel[i] - b.pick_novel[j] for i, j in rows])
+    known = np.array([a.pick_known[i] - b.pick_known[j] for i, j in rows])
+    seeds = sorted(set(itertools.chain.from_iterable(common)))
+    return (f"| {dataset} | {novel.mean():+.1f} ({jackknife_se(novel, common, seeds):.1f}) "
+            f"| {known.mean():+.1f} ({jackknife_se(known, common, seeds):.1f}) "
+            f"| {np.mean([a.novel[s] - b.novel[s] for s in seeds]):+.1f} | {len(common)} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=["openclipart-cached"], choices=sorted(quality.CACHED))
@@ -185,17 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=5, help="M, the runs combined (every subset of M seeds)")
     parser.add_argument("--gap", nargs=2, metavar=("A", "B"), help="also print vote(A) − vote(B) on the same seed "
                         "subsets, with its jackknife SE")
+    parser.add_argument("--restart-score", action="store_true",
+                        help="also pick each subset's run by its held-out-crop agreement (cells of --holdout-view) "
+                        "and print that pick's table, with the score's rank correlations and the per-seed readings")
     quality.add_cell_arguments(parser)
     args = parser.parse_args(argv)
     tables = quality.parsed_tables(parser, args)
     print("| dataset | method | seeds | two seeds agree (aligned) | M (subsets) | single run | pick (medoid) | vote "
           "| vote − members (SE) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    gaps = []
+    gaps, restarts, per_seed, restart_gaps = [], [], [], []
     for dataset in args.datasets:
         num_known, num_novel, _, _ = read_class_summary(tables[dataset])
         y_true = read_feature_table(tables[dataset], splits=("test",)).labels["test"].numpy()
-        found = {}
+        found, picks = {}, {}
         for variant in dict.fromkeys(args.variants + (args.gap or [])):
             cells = quality.read_cells(args.results, dataset, variant, args.seeds, holdout_view=args.holdout_view)
             cells = {s: c for s, c in cells.items() if "test_pred" in c and "novel_train_pred" in c}
@@ -206,6 +303,14 @@ def main(argv: list[str] | None = None) -> int:
             found[variant] = consensus(y_true, num_known, num_novel, cells, args.size)
             if variant in args.variants:
                 print(row(dataset, variant, found[variant], args.size))
+            if args.restart_score:
+                r = picks[variant] = restart_pick(cells, args.size)
+                if variant in args.variants:
+                    restarts.append(restart_row(dataset, variant, r, args.size))
+                    per_seed += [f"| {dataset} | {variant} | {s} | {r.score[s]:.3f} | {r.novel[s]:.1f} | "
+                                 f"{r.train_novel[s]:.1f} | {r.known[s]:.1f} |" for s in sorted(r.score)]
+        if args.gap and all(v in picks for v in args.gap):
+            restart_gaps.append(restart_gap_row(dataset, *(picks[v] for v in args.gap)))
         if args.gap and all(v in found for v in args.gap):
             a, b = (found[v] for v in args.gap)
             b_vote = dict(zip(b.subsets, b.vote))
@@ -218,6 +323,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n| dataset | vote({args.gap[0]}) − vote({args.gap[1]}) (SE) | single runs, paired mean | subsets |")
         print("|---|---|---|---|")
         print("\n".join(gaps))
+    if restarts:
+        print("\n| dataset | method | seeds | held-out agreement (range) | rank corr. with test novel | with train novel "
+              "| M (subsets) | single run | pick (held-out agreement) | pick − members, novel (SE) "
+              "| pick − members, known (SE) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(restarts))
+        print("\n| dataset | method | seed | held-out agreement | test novel | train novel | test known |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(per_seed))
+    if restart_gaps:
+        print(f"\n| dataset | pick({args.gap[0]}) − pick({args.gap[1]}), novel (SE) | known (SE) "
+              "| single runs, paired mean novel | subsets |")
+        print("|---|---|---|---|---|")
+        print("\n".join(restart_gaps))
     return 0
 
 

@@ -120,3 +120,70 @@ def test_the_command_prints_each_variant_and_the_fair_gap_from_the_cells(tmp_pat
     assert len(gap) == 1 and gap[0].endswith("| +33.3 | 3 |")
     assert consensus.main([*argv, "--variants", "ncdlr", "--size", "3"]) == 0
     assert "needs more than M seeds" in capsys.readouterr().out
+
+
+def hand_cell(novel: float, known: float, train_novel: float, view0: list[int], heldout: list[int] | None) -> dict:
+    """A quality.py cell with only what :func:`restart_pick` reads (accuracies as fractions, as the cells keep them)."""
+    cell = {"results": {"none": {"novel": novel, "known": known}}, "novel_train": {"all": train_novel},
+            "novel_train_pred": view0}
+    if heldout is not None:
+        cell["novel_heldout_pred"] = heldout
+    return cell
+
+
+def test_heldout_agreement_is_the_share_of_rows_whose_unseen_crop_keeps_its_cluster():
+    consensus = load_benchmark("consensus")
+    assert consensus.heldout_agreement(hand_cell(0, 0, 0, [0, 0, 1, 1], [0, 1, 1, 1])) == 0.75
+    assert consensus.heldout_agreement(hand_cell(0, 0, 0, [2, 0, 1], [2, 0, 1])) == 1.0
+    assert np.isnan(consensus.heldout_agreement(hand_cell(0, 0, 0, [0, 1], None)))
+
+
+def test_the_restart_pick_keeps_each_subsets_most_view_consistent_run():
+    """Four seeds: two runs whose unseen crops keep their clusters (agreement 1.0 and 0.9) and score well, two that
+    cross a boundary more often (0.6, 0.5) and score badly. Every 2-subset keeps its higher-agreement run; the
+    pick − members gain is what the choice adds over drawing a run at random."""
+    consensus = load_benchmark("consensus")
+    view0 = [0] * 5 + [1] * 5
+    heldout = {1.0: view0, 0.9: [1] + view0[1:], 0.6: [1, 1, 1, 1] + view0[4:], 0.5: [1] * 10}
+    plan = {0: (0.6, 0.30, 0.62), 1: (1.0, 0.40, 0.60), 2: (0.5, 0.28, 0.66), 3: (0.9, 0.38, 0.61)}
+    cells = {s: hand_cell(novel, known, novel, view0, heldout[a]) for s, (a, novel, known) in plan.items()}
+    r = consensus.restart_pick(cells, 2)
+    assert r.score == {0: 0.6, 1: 1.0, 2: 0.5, 3: 0.9}
+    picked = {sub: novel for sub, novel in zip(r.subsets, r.pick_novel)}
+    assert picked == pytest.approx({(0, 1): 40.0, (0, 2): 30.0, (0, 3): 38.0, (1, 2): 40.0, (1, 3): 40.0,
+                                    (2, 3): 38.0})
+    assert r.pick_known[r.subsets.index((0, 2))] == pytest.approx(62.0)
+    assert r.members == pytest.approx([35.0, 29.0, 34.0, 34.0, 39.0, 33.0])
+    assert consensus.rank_correlation(r.score, r.novel) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="holdout-view"):
+        consensus.restart_pick({**cells, 4: hand_cell(0.3, 0.6, 0.3, view0, None)}, 2)
+    with pytest.raises(ValueError, match="size"):
+        consensus.restart_pick(cells, 5)
+
+
+def test_the_command_prints_the_restart_pick_table_and_the_per_seed_readings(tmp_path, capsys):
+    """Three `--holdout-view` cells on a tiny table: the run whose held-out crops keep their clusters separates the
+    novel classes; the other two merge them. `--restart-score` picks the first in every pair that holds it."""
+    from tests.methods.test_seed_spread import command_on_a_tiny_table
+
+    consensus, quality = load_benchmark("consensus"), load_benchmark("quality")
+    argv = command_on_a_tiny_table(tmp_path, [0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2], num_known=1)
+    argv[argv.index("--seeds") + 1] = "3"
+    apart = {**hand_cell(1.0, 1.0, 1.0, [0, 0, 1, 1], [0, 0, 1, 1]), "test_pred": [0, 1, 1, 2, 2]}
+    merged = {**hand_cell(0.5, 1.0, 0.5, [0, 0, 0, 0], [0, 1, 0, 1]), "test_pred": [0, 1, 1, 1, 1]}
+    for seed, cell in enumerate([merged, apart, merged]):
+        quality.cell_path(tmp_path, "fashion-cached", "ncdlr", seed, None, holdout_view=True).write_text(
+            json.dumps(cell))
+        quality.cell_path(tmp_path, "fashion-cached", "uno", seed, None, holdout_view=True).write_text(
+            json.dumps({**merged, "results": {"none": {"novel": 0.5, "known": 0.9}}}))
+    assert consensus.main([*argv, "--holdout-view", "--size", "2", "--restart-score", "--gap", "ncdlr", "uno"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # each method's own pick on the same pairs: ncdlr 100, 50, 100 against uno's 50 everywhere; known 100 − 90
+    assert out[-1].startswith("| fashion-cached | +33.3 (") and out[-1].endswith("| +10.0 (0.0) | +16.7 | 3 |")
+    table = [line for line in out if line.startswith("| fashion-cached | ncdlr | 3 | 0.500–1.000")]
+    assert len(table) == 1
+    # pairs (0,1), (0,2), (1,2): picks 100, 50, 100 against members 75, 50, 75
+    assert "| 2 (3) | 66.7 ± 23.6 | 83.3 ± 23.6 | +16.7 (" in table[0] and table[0].endswith("| +0.0 (0.0) |")
+    assert "| fashion-cached | ncdlr | 1 | 1.000 | 100.0 | 100.0 | 100.0 |" in out
+    assert consensus.main([*argv, "--holdout-view", "--size", "2"]) == 0
+    assert "held-out agreement" not in capsys.readouterr().out
