@@ -261,8 +261,8 @@ def restart_gap_row(dataset: str, a: RestartPick, b: RestartPick) -> str:
     """One markdown row: ``a``'s pick − ``b``'s pick on the seed subsets both have (each method given the same
     trainings and its own label-free choice), novel and known with jackknife SEs, and the paired single-run gap."""
     b_at = {sub: i for i, sub in enumerate(b.subsets)}
-    common = [sub for sub in a.subsets if sub in b_at]
     rows = [(i, b_at[sub]) for i, sub in enumerate(a.subsets) if sub in b_at]
+    common = [a.subsets[i] for i, _ in rows]
     novel = np.array([a.pick_novel[i] - b.pick_novel[j] for i, j in rows])
     known = np.array([a.pick_known[i] - b.pick_known[j] for i, j in rows])
     seeds = sorted(set(itertools.chain.from_iterable(common)))
