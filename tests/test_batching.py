@@ -64,12 +64,17 @@ def test_an_encoder_on_cpu_runs_its_frozen_part_in_fixed_passes_as_the_same_func
     """``Encoder.forward`` on CPU inputs: the frozen part in passes of ``frozen_pass_rows`` images without autograd,
     the trained blocks on the whole batch (in train mode, so their BatchNorm sees the batch). Against one plain
     pass (``frozen_pass_rows = 0``): the same features and the same gradients of the trained parameters to float
-    tolerance; nothing frozen gets a gradient; with every block trained (-1) the passes are not used."""
+    tolerance; nothing frozen gets a gradient; with every block trained (-1) the passes are not used.
+
+    In float64: the check is that the passes compute the same function, not how far float32 rounding travels. In
+    float32 the passes' other conv kernels round differently, and two trained blocks' train-mode BatchNorm carried
+    that to a 1.1e-3 relative gradient difference in one `make test` run under load (session 61), past any tolerance
+    that would still catch a wrong pass."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        enc = build_encoder("efficientnet_lite0", trainable_blocks=trainable, image_size=64).train()
+        enc = build_encoder("efficientnet_lite0", trainable_blocks=trainable, image_size=64).train().double()
     assert enc.frozen_pass_rows == 32 and enc.trainable_blocks == trainable
-    x = torch.rand(40, 3, 64, 64, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    x = torch.rand(40, 3, 64, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2 - 1
     grads, feats = [], []
     for rows in (7, 0):
         enc.frozen_pass_rows = rows
@@ -83,12 +88,12 @@ def test_an_encoder_on_cpu_runs_its_frozen_part_in_fixed_passes_as_the_same_func
         out.square().sum().backward()
         grads.append({n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None})
         assert all(p.grad is None for p in enc.parameters() if not p.requires_grad)
-    torch.testing.assert_close(feats[0], feats[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(feats[0], feats[1], rtol=1e-9, atol=1e-9)
     if grads:
         assert grads[0].keys() == grads[1].keys() and grads[0]
-        for name, g in grads[0].items():  # to the gradient's norm (the loss sums 40 x 1280 squares; another kernel's
-            # rounding passes through train-mode BatchNorm, and a bias before a BatchNorm has a gradient of ~0)
-            assert (g - grads[1][name]).norm() <= 1e-3 * grads[1][name].norm() + 1e-3, name
+        for name, g in grads[0].items():  # to the gradient's norm (the loss sums 40 x 1280 squares, and a bias
+            # before a BatchNorm has a gradient of ~0)
+            assert (g - grads[1][name]).norm() <= 1e-8 * grads[1][name].norm() + 1e-8, name
 
 
 def test_bench_embed_times_both_sides_and_the_baseline_is_the_old_plain_passes(capsys):
