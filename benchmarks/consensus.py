@@ -188,8 +188,8 @@ def heldout_agreement(cell: dict) -> float:
 class RestartPick(NamedTuple):
     """One (dataset, variant) picked by :func:`heldout_agreement` over its seed subsets of one size: per seed the
     ``score``, the test ``novel`` and ``known`` accuracies and the ``train_novel`` clustering accuracy (points); per
-    subset (``subsets``) the picked run's ``pick_novel`` and ``pick_known`` and the ``members`` (mean novel of the
-    subset's runs)."""
+    subset (``subsets``) the picked run's ``pick_novel`` and ``pick_known`` and the means of the subset's runs,
+    ``members`` (novel) and ``members_known``."""
 
     score: dict[int, float]
     novel: dict[int, float]
@@ -199,6 +199,7 @@ class RestartPick(NamedTuple):
     pick_novel: np.ndarray
     pick_known: np.ndarray
     members: np.ndarray
+    members_known: np.ndarray
 
 
 def restart_pick(cells: dict[int, dict], size: int) -> RestartPick:
@@ -219,7 +220,8 @@ def restart_pick(cells: dict[int, dict], size: int) -> RestartPick:
     picked = [max(sub, key=lambda s: (score[s], -s)) for sub in subsets]
     return RestartPick(score, novel, known, train_novel, subsets, np.array([novel[s] for s in picked]),
                        np.array([known[s] for s in picked]),
-                       np.array([np.mean([novel[s] for s in sub]) for sub in subsets]))
+                       np.array([np.mean([novel[s] for s in sub]) for sub in subsets]),
+                       np.array([np.mean([known[s] for s in sub]) for sub in subsets]))
 
 
 def rank_correlation(a: dict[int, float], b: dict[int, float]) -> float:
@@ -236,7 +238,7 @@ def restart_row(dataset: str, variant: str, r: RestartPick, size: int) -> str:
     seeds = sorted(r.score)
     single = np.array([r.novel[s] for s in seeds])
     gain = r.pick_novel - r.members
-    known_gain = r.pick_known - np.array([np.mean([r.known[s] for s in sub]) for sub in r.subsets])
+    known_gain = r.pick_known - r.members_known
     scores = np.array([r.score[s] for s in seeds])
     return (f"| {dataset} | {variant} | {len(seeds)} | {scores.min():.3f}–{scores.max():.3f} "
             f"| {rank_correlation(r.score, r.novel):+.2f} | {rank_correlation(r.score, r.train_novel):+.2f} "
