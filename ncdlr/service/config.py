@@ -358,6 +358,10 @@ def resolve(settings: list[Setting]) -> Config:
     if cfg.model.heads > 1 and cfg.optim.mixup > 0:
         raise ConfigError("model.heads > 1 does not combine with optim.mixup yet; set one of them back (heads 1 or "
                           "mixup 0)")
+    if cfg.data.photometric != "none" and cfg.data.decode_on != "host":
+        raise ConfigError(f"data.photometric {cfg.data.photometric!r} runs where the host decodes the images; "
+                          f"data.decode_on {cfg.data.decode_on!r} crops and flips on the device without it: "
+                          "use data.decode_on host")
     return cfg
 
 

@@ -93,3 +93,5 @@ def test_photometric_is_refused_with_device_decoding_and_unknown_names_are_refus
     with pytest.raises(ConfigError, match=r"data\.photometric"):
         load_config(None, ["--data.photometric", "strong"])
     assert load_config(None, ["--photometric", "uno"]).data.photometric == "uno"
+    with pytest.raises(ConfigError, match=r"data\.photometric 'uno' .*data\.decode_on 'hybrid'"):
+        load_config(None, ["--photometric", "uno", "--decode-on", "hybrid"])
