@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--crop-scale-min", type=float, default=0.5,
                         help="activation cache: RandomResizedCrop's smallest area fraction (as data.crop_scale_min)")
     parser.add_argument("--seed", type=int, default=0, help="activation cache: seed of the crops (with each image's id)")
+    parser.add_argument("--photometric", choices=("none", "uno"), default="none",
+                        help="activation cache: colour augmentation of each crop after the crop and flip: none "
+                             "(default) or uno (UNO's discovery views: colour jitter p 0.5, greyscale p 0.1, blur "
+                             "p 0.2; the boxes and flips stay those of none, so two caches pair crop by crop)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -68,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             stats = embed_activations(
                 args.data, args.out, encoder=args.encoder, pretrained=args.pretrained, image_size=args.image_size,
                 blocks=args.trainable_blocks, views=args.views, crop_scale=(args.crop_scale_min, 1.0), seed=args.seed,
-                batch_size=args.batch_size, num_actors=args.actors, threads_per_actor=args.threads,
+                photometric=args.photometric, batch_size=args.batch_size, num_actors=args.actors,
+                threads_per_actor=args.threads,
                 splits=tuple(s for s in args.splits.split(",") if s), progress=not args.no_progress,
                 pass_rows=args.pass_rows)
             print(json.dumps(stats))

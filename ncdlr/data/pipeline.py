@@ -93,6 +93,9 @@ class PipelineConfig:
     image_size: int = 224  # crop side of every view
     crop_scale: tuple[float, float] = (0.5, 1.0)  # RandomResizedCrop area fraction
     hflip_prob: float = 0.5
+    # The views' colour augmentation after crop and flip: "none" or "uno" (UNO's jitter, greyscale and blur,
+    # ``ncdlr.data.transforms.photometric_view``). Host decoding only: the device paths crop and flip alone.
+    photometric: str = "none"
     scaling: str = "imagenet"  # "imagenet" (mean/std) | "lite" ((x-127)/128, efficientnet_lite0)
     eval_resize: int | None = None  # eval short side; None → image_size·256/224
     batch_size: int = 64  # B known + B novel rows per step per worker
@@ -138,6 +141,9 @@ class PipelineConfig:
             raise ValueError(f"PipelineConfig.transfer_dtype must be one of {VIEW_DTYPES}, got {self.transfer_dtype!r}")
         if self.decode_on not in DECODE_PLACES:
             raise ValueError(f"PipelineConfig.decode_on must be one of {DECODE_PLACES}, got {self.decode_on!r}")
+        if self.photometric != "none" and self.decode_on != "host":
+            raise ValueError(f"photometric {self.photometric!r} runs where the host decodes the images; decode_on "
+                             f"{self.decode_on!r} crops and flips on the device without it: use decode_on host")
         counts = {"batch_size": self.batch_size, "decode_batch_size": self.decode_batch_size,
                   "passes_per_execution": self.passes_per_execution,
                   "rows_per_read_task": self.rows_per_read_task, "rows_per_block": self.rows_per_block,
@@ -153,7 +159,7 @@ class PipelineConfig:
         """The training transform; ``dtype="float32"`` gives normalised views (what a model consumes).
         ``threads``: images of one batch decoded in parallel (default ``decode_threads``)."""
         return TrainViews(size=self.image_size, crop_scale=tuple(self.crop_scale), hflip_prob=self.hflip_prob,
-                          scaling=self.scaling, seed=self.augment_seed, dtype=dtype,
+                          scaling=self.scaling, seed=self.augment_seed, dtype=dtype, photometric=self.photometric,
                           threads=self.decode_threads if threads is None else threads)
 
     def eval_view(self) -> EvalView:
@@ -494,7 +500,7 @@ def with_cached_views(dataset: Any, cfg: PipelineConfig, views: int, seed: int) 
     the activation cache (``ncdlr embed --views V``)."""
     return _decode(dataset, lambda threads: CachedViews(size=cfg.image_size, views=views, crop_scale=tuple(cfg.crop_scale),
                                                         hflip_prob=cfg.hflip_prob, scaling=cfg.scaling, seed=seed,
-                                                        threads=threads), cfg)
+                                                        threads=threads, photometric=cfg.photometric), cfg)
 
 
 def with_eval_view(dataset: Any, cfg: PipelineConfig) -> Any:

@@ -1,7 +1,8 @@
 """Decode and augment encoded images into the model's input views: plain functions on numpy batches.
 
 ``TrainViews`` turns each image into two independently augmented views (RandomResizedCrop with area scale
-``crop_scale`` and aspect ratio 3/4–4/3, horizontal flip, normalisation); ``EvalView`` into one deterministic
+``crop_scale`` and aspect ratio 3/4–4/3, horizontal flip, with ``photometric="uno"`` UNO's colour jitter, greyscale
+and blur (:func:`photometric_view`), normalisation); ``EvalView`` into one deterministic
 view (resize the short side to ``resize`` px, centre crop ``size``). Both work on a batch dict with an
 ``image`` column of encoded bytes, as ``ray.data.Dataset.map_batches`` hands it over, and can be called on
 their own (tests, notebooks, a DataLoader).
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFilter
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ SCALINGS = ("imagenet", "lite")
 VIEW_DTYPES = ("float32", "uint8")
 VIEW_COLUMNS = ("view1", "view2", "image")  # the pixel columns the transforms write
 CROP_RATIO = (3 / 4, 4 / 3)
+PHOTOMETRIC = ("none", "uno")  # the training views' colour augmentation after the crop and flip
 
 Batch = dict[str, Any]
 
@@ -215,6 +217,46 @@ def augmented_view(image: Image.Image, size: int, crop_scale: tuple[float, float
     return np.asarray(view)
 
 
+def check_photometric(photometric: str) -> None:
+    """``ValueError`` unless ``photometric`` is one of :data:`PHOTOMETRIC`."""
+    if photometric not in PHOTOMETRIC:
+        raise ValueError(f"photometric must be one of {PHOTOMETRIC}, got {photometric!r}")
+
+
+def photometric_view(view: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """UNO's photometric augmentation of an ImageNet-size training view (UNO's ``get_transforms``, the discovery
+    views the NCDLR authors' code inherits), on one uint8 crop ``[S, S, 3]`` → a new uint8 ``[S, S, 3]``:
+
+    - with probability 0.5, colour jitter: brightness and contrast factors uniform in [0.7, 1.3], saturation in
+      [0.85, 1.15], hue shift uniform in [−0.1, 0.1] of the hue circle, applied in a random order
+      (torchvision's ``ColorJitter(0.3, 0.3, 0.15, 0.1)``, whose functional ops do the work);
+    - with probability 0.1, greyscale (three equal channels);
+    - with probability 0.2, a Gaussian blur of radius σ uniform in [0.1, 2.0] px at 224 px, scaled by ``S / 224``
+      (the same blur relative to the crop at other sizes).
+
+    Every draw comes from ``rng`` (not torch's global generator), so a view is a function of its stream."""
+    from torchvision.transforms import functional as tvf
+
+    image = Image.fromarray(view)
+    if rng.random() < 0.5:
+        ops = ((tvf.adjust_brightness, rng.uniform(0.7, 1.3)), (tvf.adjust_contrast, rng.uniform(0.7, 1.3)),
+               (tvf.adjust_saturation, rng.uniform(0.85, 1.15)), (tvf.adjust_hue, rng.uniform(-0.1, 0.1)))
+        for k in rng.permutation(len(ops)):
+            op, factor = ops[k]
+            image = op(image, float(factor))
+    if rng.random() < 0.1:
+        image = tvf.to_grayscale(image, num_output_channels=3)
+    if rng.random() < 0.2:
+        image = image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.1, 2.0)) * view.shape[0] / 224))
+    return np.asarray(image)
+
+
+def colour_stream(seq: np.random.SeedSequence) -> np.random.Generator:
+    """The photometric draws of one image: a child of its crop stream's seed, so switching the colour augmentation
+    on leaves every crop's box and flip as they were (paired comparisons of the same crops)."""
+    return np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, 2 ** 31)))
+
+
 @functools.lru_cache(maxsize=None)
 def decode_pool(threads: int) -> ThreadPoolExecutor:
     """One pool of ``threads`` decode threads per size per process (a Ray worker reuses it across batches and
@@ -238,10 +280,12 @@ class TrainViews:
     seed: int | None = None
     dtype: str = "float32"
     threads: int = 1  # images of a batch decoded in parallel threads
+    photometric: str = "none"  # "uno": UNO's colour jitter, greyscale and blur after each crop (photometric_view)
 
     def __post_init__(self) -> None:
         _scale_and_shift(self.scaling)
         _check_dtype(self.dtype)
+        check_photometric(self.photometric)
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         check_crop_scale(self.crop_scale)
@@ -259,7 +303,8 @@ class TrainViews:
         ``valid`` (bool ``[N]``) and, for ``dtype="uint8"``, ``scaling``."""
         images = batch["image"]
         n = len(images)
-        rngs = np.random.default_rng(self.seed).spawn(n)  # one stream per image: same views with or without threads
+        seqs = np.random.SeedSequence(self.seed).spawn(n)  # one stream per image: same views with or without threads
+        rngs = [np.random.default_rng(q) for q in seqs]
         pixels = np.zeros((2, n, self.size, self.size, 3), np.uint8)
         valid = np.zeros(n, dtype=bool)
         min_side = detail_side(self.size, self.crop_scale)
@@ -271,6 +316,10 @@ class TrainViews:
             valid[i] = True
             pixels[0, i] = self._view(image, rngs[i])
             pixels[1, i] = self._view(image, rngs[i])
+            if self.photometric == "uno":
+                colour = colour_stream(seqs[i])
+                pixels[0, i] = photometric_view(pixels[0, i], colour)
+                pixels[1, i] = photometric_view(pixels[1, i], colour)
 
         if self.threads > 1 and n > 1:  # PIL decodes and resizes without holding the GIL
             list(decode_pool(self.threads).map(one, range(n)))
@@ -340,9 +389,11 @@ class CachedViews:
     scaling: str = "imagenet"
     seed: int = 0
     threads: int = 1
+    photometric: str = "none"  # as TrainViews; its draws from colour_stream(image_seed(seed, source_id))
 
     def __post_init__(self) -> None:
         _scale_and_shift(self.scaling)
+        check_photometric(self.photometric)
         if self.views < 1:
             raise ValueError(f"views must be >= 1, got {self.views}")
 
@@ -361,10 +412,14 @@ class CachedViews:
             image = decode_rgb(images[i], min_side=min_side)
             if image is None:
                 return
-            rng = np.random.default_rng(image_seed(self.seed, ids[i]))
+            seq = image_seed(self.seed, ids[i])
+            rng = np.random.default_rng(seq)
+            colour = colour_stream(seq) if self.photometric == "uno" else None
             valid[i] = True
             for v in range(self.views):
                 pixels[i, v] = augmented_view(image, self.size, self.crop_scale, self.hflip_prob, rng)
+                if colour is not None:
+                    pixels[i, v] = photometric_view(pixels[i, v], colour)
 
         if self.threads > 1 and n > 1:
             list(decode_pool(self.threads).map(one, range(n)))

@@ -48,6 +48,7 @@ class DataConfig:
     eval_batch_size: int = 256
     image_size: int = 224  #: crop size fed to the encoder
     crop_scale_min: float = 0.5  #: RandomResizedCrop lower scale bound for the two views
+    photometric: str = "none"  #: colour augmentation of the two views after crop and flip: "none" | "uno" (UNO's discovery views, which the paper's code inherits: colour jitter p 0.5, greyscale p 0.1, Gaussian blur p 0.2). Image mode with decode_on host; an activation cache holds what `ncdlr embed --photometric` gave its crops (set from the table)
     feature_noise: float = 0.0  #: feature-table mode: std of Gaussian noise making the two "views"
     max_steps_per_epoch: int = 0  #: feature-table mode: cap on steps per epoch; 0 → a full pass over the novel split
     epochs_per_execution: int = 1  #: image mode: epochs of the training splits each Ray Data execution streams, each re-shuffled (an execution's start costs a second or two of little decoding: worth it on epochs of seconds; docs/benchmarks.md "Epoch restarts")
@@ -136,6 +137,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "method.posthoc": ("none", "la", "crt", "la+crt"),
     "run.use_gpu": ("auto", "true", "false"),
     "data.decode_on": ("host", "device", "hybrid"),
+    "data.photometric": ("none", "uno"),
     "run.checkpoint_upload": ("async", "sync"),
 }
 
@@ -356,6 +358,10 @@ def resolve(settings: list[Setting]) -> Config:
     if cfg.model.heads > 1 and cfg.optim.mixup > 0:
         raise ConfigError("model.heads > 1 does not combine with optim.mixup yet; set one of them back (heads 1 or "
                           "mixup 0)")
+    if cfg.data.photometric != "none" and cfg.data.decode_on != "host":
+        raise ConfigError(f"data.photometric {cfg.data.photometric!r} runs where the host decodes the images; "
+                          f"data.decode_on {cfg.data.decode_on!r} crops and flips on the device without it: "
+                          "use data.decode_on host")
     return cfg
 
 

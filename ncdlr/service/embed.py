@@ -169,8 +169,10 @@ def _check_resumable(out_uri: str, meta: dict, endpoint_url: str | None) -> set[
     done = source_ids_under(out_uri, endpoint_url)
     if done:
         old = read_metadata(out_uri, endpoint_url=endpoint_url)
-        keys = ("encoder", "pretrained", "image_size", "cached_blocks", "views", "crop_scale", "seed", "dataset", "shape")
-        changed = {k: (old.get(k), meta[k]) for k in keys if old.get(k) != meta[k]}
+        keys = ("encoder", "pretrained", "image_size", "cached_blocks", "views", "crop_scale", "seed", "dataset", "shape",
+                "photometric")
+        before = {**old, "photometric": old.get("photometric", "none")}  # caches before the key held none
+        changed = {k: (before.get(k), meta[k]) for k in keys if before.get(k) != meta[k]}
         if changed:
             raise ConfigError(f"{out_uri} already holds an activation cache made with other settings "
                               f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in changed.items())}); "
@@ -180,13 +182,15 @@ def _check_resumable(out_uri: str, meta: dict, endpoint_url: str | None) -> set[
 
 def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: str = "", image_size: int = 224,
                       blocks: int = 1, views: int = 8, crop_scale: tuple[float, float] = (0.5, 1.0), seed: int = 0,
-                      batch_size: int = 32, num_actors: int = 1, threads_per_actor: int = 1,
+                      photometric: str = "none", batch_size: int = 32, num_actors: int = 1, threads_per_actor: int = 1,
                       splits: tuple[str, ...] = ("known", "novel", "val", "test"), rows_per_part: int = 512,
                       endpoint_url: str | None = None, progress: bool = True, pass_rows: int = 0) -> dict:
     """Cache the frozen part of ``encoder`` for a prepared dataset: an activation table under the folder ``out_uri``.
 
     ``known``/``novel`` rows get ``views`` random training crops each (RandomResizedCrop with ``crop_scale``
-    and a flip, drawn from ``(seed, source_id)``), the other splits one centre view; each crop goes through
+    and a flip, drawn from ``(seed, source_id)``; with ``photometric="uno"`` UNO's colour jitter, greyscale and blur
+    on each crop, from a separate stream of the same seed, so the boxes and flips are those of ``"none"``), the
+    other splits one centre view; each crop goes through
     everything before the encoder's last ``blocks`` blocks and is stored as float16 (``ncdlr.data.features``,
     "Activation tables"). Ray Data streams and decodes the shards; ``num_actors`` model actors run the stem in
     passes of exactly ``pass_rows`` crops (0: :func:`ncdlr.models.batching.pass_rows` of ``image_size``), so a
@@ -217,11 +221,12 @@ def embed_activations(data_uri: str, out_uri: str, *, encoder: str, pretrained: 
     meta = {"num_known": manifest.num_known, "num_novel": manifest.num_novel, "encoder": encoder,
             "pretrained": pretrained, "image_size": image_size, "cached_blocks": blocks, "shape": shape,
             "views": {s: views if s in TRAIN_VIEW_SPLITS else 1 for s in present},
-            "crop_scale": list(crop_scale), "seed": seed, "dataset": data_uri, "pass_rows": rows_per_pass,
-            "threads": threads_per_actor}
+            "crop_scale": list(crop_scale), "seed": seed, "photometric": photometric, "dataset": data_uri,
+            "pass_rows": rows_per_pass, "threads": threads_per_actor}
     done = _check_resumable(out_uri, meta, endpoint_url)
     done_ids = np.array(sorted(done), dtype=object)
     pipe = pipeline.PipelineConfig(image_size=image_size, crop_scale=tuple(crop_scale), scaling=input_scaling(encoder),
+                                   photometric=photometric,
                                    batch_size=batch_size, rows_per_block=batch_size)
     raw = pipeline.load_splits(data_uri, present, endpoint_url=endpoint_url, manifest=manifest)
     start = time.perf_counter()

@@ -108,6 +108,7 @@ def model_for_table(cfg: Config, splits: FeatureSplits) -> None:
                           "(ncdlr embed --views 2 or more)")
     cfg.model.cached_blocks, cfg.model.feature_dim = blocks, 0
     cfg.data.image_size = int(meta["image_size"])
+    cfg.data.photometric = str(meta.get("photometric", "none"))  # what the cached crops hold (older caches: none)
 
 
 def init_head(cfg: Config, model, splits: FeatureSplits) -> dict[str, float] | None:
@@ -132,7 +133,7 @@ def pipeline_config(cfg: Config, *, eval_mode: bool = False):
     from ncdlr.models import input_scaling
 
     return pipeline.PipelineConfig(image_size=cfg.data.image_size, crop_scale=(cfg.data.crop_scale_min, 1.0),
-                                   scaling=input_scaling(cfg.model.encoder),
+                                   scaling=input_scaling(cfg.model.encoder), photometric=cfg.data.photometric,
                                    batch_size=cfg.data.eval_batch_size if eval_mode else cfg.data.batch_size,
                                    decode_on=cfg.data.decode_on,
                                    passes_per_execution=min(cfg.data.epochs_per_execution, max(1, cfg.optim.epochs)))

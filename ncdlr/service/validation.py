@@ -269,7 +269,7 @@ def planted_scores(y_novel: np.ndarray, pred_novel: np.ndarray, info: Validation
 
 #: what an activation cache's metadata says about its encoder; kept in a validation problem made from one
 CACHE_KEYS = ("kind", "encoder", "pretrained", "image_size", "cached_blocks", "shape", "views", "crop_scale", "seed",
-              "dataset")
+              "photometric", "dataset")
 
 
 def build_validation_table(source_uri: str, out_uri: str, cfg: ValidationConfig = ValidationConfig(),

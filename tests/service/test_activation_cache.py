@@ -238,6 +238,20 @@ def test_embed_caches_views_and_resumes_to_the_same_table(ray_local, prepared, t
         assert resumed.source_ids[split] == whole.source_ids[split]
     with pytest.raises(ValueError, match="made with other settings .*views"):
         embed_activations(data, out, **{**kwargs, "views": 4})
+    with pytest.raises(ValueError, match="made with other settings .*photometric: 'none' there, 'uno' now"):
+        embed_activations(data, out, **{**kwargs, "photometric": "uno"})
+    # UNO's colour augmentation on the same boxes and flips: recorded in the table, set on a run's config from it
+    colour_out = str(tmp_path / "colour")
+    assert embed_activations(data, colour_out, **{**kwargs, "photometric": "uno"})["rows"] == rows
+    colour = read_feature_table(colour_out)
+    assert colour.metadata["photometric"] == "uno" and whole.metadata["photometric"] == "none"
+    assert colour.source_ids["novel"] == whole.source_ids["novel"]
+    assert not torch.equal(colour.features["novel"], whole.features["novel"])
+    assert torch.equal(colour.features["test"], whole.features["test"])  # the centre view is never augmented
+    cfg = Config()
+    cfg.model.encoder = "identity"
+    model_for_table(cfg, colour)
+    assert cfg.data.photometric == "uno"
     with pytest.raises(ValueError, match="at least 2"):
         embed_activations(data, str(tmp_path / "one"), **{**kwargs, "views": 1})
 
@@ -317,3 +331,18 @@ def test_a_validation_table_of_an_activation_cache_keeps_the_encoder_and_only_kn
     cfg = _identity()
     model_for_table(cfg, table)
     assert cfg.model.encoder == "tiny_cnn" and cfg.model.cached_blocks == 1
+
+
+def test_a_cache_written_before_the_photometric_key_resumes_as_none_and_refuses_uno(monkeypatch):
+    """Caches made before ``embed --photometric`` existed have no such key: they were made without it, so a resume
+    with ``none`` goes on and one with ``uno`` is refused naming the key."""
+    from ncdlr.data import features, storage
+    from ncdlr.service.embed import _check_resumable
+
+    meta = {"encoder": "tiny_cnn", "pretrained": "", "image_size": 32, "cached_blocks": 1, "views": {"known": 3},
+            "crop_scale": [0.5, 1.0], "seed": 0, "dataset": "d", "shape": [32, 8, 8]}
+    monkeypatch.setattr(storage, "source_ids_under", lambda uri, endpoint_url=None: {"img0", "img1"})
+    monkeypatch.setattr(features, "read_metadata", lambda uri, endpoint_url=None: dict(meta))
+    assert _check_resumable("old", {**meta, "photometric": "none"}, None) == {"img0", "img1"}
+    with pytest.raises(ValueError, match="photometric: 'none' there, 'uno' now"):
+        _check_resumable("old", {**meta, "photometric": "uno"}, None)
