@@ -95,3 +95,18 @@ def test_photometric_is_refused_with_device_decoding_and_unknown_names_are_refus
     assert load_config(None, ["--photometric", "uno"]).data.photometric == "uno"
     with pytest.raises(ConfigError, match=r"data\.photometric 'uno' .*data\.decode_on 'hybrid'"):
         load_config(None, ["--photometric", "uno", "--decode-on", "hybrid"])
+
+
+def test_plain_train_views_keep_the_streams_they_had_before_the_colour_stream_existed():
+    """Image ``i`` of a ``seed``'s batch still crops from ``default_rng(seed).spawn(n)[i]`` (the construction before
+    ``photometric`` existed), so ``none`` views are bit-identical to earlier runs'."""
+    from ncdlr.data.transforms import augmented_view, decode_rgb, detail_side
+
+    batch = _batch()
+    got = TrainViews(size=SIZE, seed=9, dtype="uint8")(batch)
+    for i, rng in enumerate(np.random.default_rng(9).spawn(len(batch["image"]))):
+        image = decode_rgb(batch["image"][i], min_side=detail_side(SIZE, (0.5, 1.0)))
+        first = augmented_view(image, SIZE, (0.5, 1.0), 0.5, rng)
+        second = augmented_view(image, SIZE, (0.5, 1.0), 0.5, rng)
+        assert np.array_equal(got["view1"][i].transpose(1, 2, 0), first), i
+        assert np.array_equal(got["view2"][i].transpose(1, 2, 0), second), i
