@@ -71,6 +71,7 @@ from ncdlr.data.transforms import (
     EncodedRows,
     EvalView,
     TrainViews,
+    check_photometric,
     decode_pool,
     detail_side,
     normalise_views,
@@ -141,9 +142,7 @@ class PipelineConfig:
             raise ValueError(f"PipelineConfig.transfer_dtype must be one of {VIEW_DTYPES}, got {self.transfer_dtype!r}")
         if self.decode_on not in DECODE_PLACES:
             raise ValueError(f"PipelineConfig.decode_on must be one of {DECODE_PLACES}, got {self.decode_on!r}")
-        if self.photometric != "none" and self.decode_on != "host":
-            raise ValueError(f"photometric {self.photometric!r} runs where the host decodes the images; decode_on "
-                             f"{self.decode_on!r} crops and flips on the device without it: use decode_on host")
+        check_photometric(self.photometric, self.decode_on)
         counts = {"batch_size": self.batch_size, "decode_batch_size": self.decode_batch_size,
                   "passes_per_execution": self.passes_per_execution,
                   "rows_per_read_task": self.rows_per_read_task, "rows_per_block": self.rows_per_block,

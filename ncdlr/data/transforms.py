@@ -217,10 +217,16 @@ def augmented_view(image: Image.Image, size: int, crop_scale: tuple[float, float
     return np.asarray(view)
 
 
-def check_photometric(photometric: str) -> None:
-    """``ValueError`` unless ``photometric`` is one of :data:`PHOTOMETRIC`."""
+def check_photometric(photometric: str, decode_on: str = "host", prefix: str = "") -> None:
+    """``ValueError`` unless ``photometric`` is one of :data:`PHOTOMETRIC` and, when it augments, the images are
+    decoded on the host (``decode_on``): the device paths crop and flip without it. ``prefix`` names the keys in the
+    message (``"data."`` for a config)."""
     if photometric not in PHOTOMETRIC:
         raise ValueError(f"photometric must be one of {PHOTOMETRIC}, got {photometric!r}")
+    if photometric != "none" and decode_on != "host":
+        raise ValueError(f"{prefix}photometric {photometric!r} runs where the host decodes the images; "
+                         f"{prefix}decode_on {decode_on!r} crops and flips on the device without it: "
+                         f"use {prefix}decode_on host")
 
 
 def photometric_view(view: np.ndarray, rng: np.random.Generator) -> np.ndarray:

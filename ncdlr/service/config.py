@@ -358,10 +358,13 @@ def resolve(settings: list[Setting]) -> Config:
     if cfg.model.heads > 1 and cfg.optim.mixup > 0:
         raise ConfigError("model.heads > 1 does not combine with optim.mixup yet; set one of them back (heads 1 or "
                           "mixup 0)")
-    if cfg.data.photometric != "none" and cfg.data.decode_on != "host":
-        raise ConfigError(f"data.photometric {cfg.data.photometric!r} runs where the host decodes the images; "
-                          f"data.decode_on {cfg.data.decode_on!r} crops and flips on the device without it: "
-                          "use data.decode_on host")
+    if cfg.data.photometric != "none":  # the data plane's check, imported only then (PIL)
+        from ncdlr.data.transforms import check_photometric
+
+        try:
+            check_photometric(cfg.data.photometric, cfg.data.decode_on, prefix="data.")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     return cfg
 
 
