@@ -194,7 +194,8 @@ def test_the_bare_command_trains_an_mlp_head_on_a_cache_as_on_a_head_only_table(
         model = build_model(cfg.model, splits.num_known, splits.num_novel, image_size=cfg.data.image_size)
         assert cfg.model.head == "mlp" and model.head.kind == "mlp"
         assert any(p.requires_grad for p in model.head.parameters())
-    assert cfg.model.encoder == "identity" and Config().model.head == "auto"  # image mode's default is another head
+    # the last table is head-only, so its encoder stays the identity; image mode's default is another head
+    assert cfg.model.encoder == "identity" and Config().model.head == "auto"
     assert [s.key for s in feature_table_settings("t.parquet", "configs/openclipart.yaml")] == ["data.features"]
 
 
