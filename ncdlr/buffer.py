@@ -95,3 +95,25 @@ class LocalBuffer:
 
     def state_dict(self) -> dict:
         return self.buffer.state_dict()
+
+
+def epoch_capped_rows(buffer_rows: int, steps_per_epoch: int, rows_per_step: int, max_epochs: float) -> int:
+    """The buffer's capacity ``J`` once it may hold at most ``max_epochs`` of the novel pool's rows.
+
+    Args:
+        buffer_rows: ``J`` as configured (rows).
+        steps_per_epoch: global steps per epoch (≥ 1).
+        rows_per_step: rows a step appends (``views · W · B``).
+        max_epochs: the cap in epochs of the pool; ``0`` = no cap.
+
+    Returns:
+        ``min(J, ⌊max_epochs · steps_per_epoch⌋ · rows_per_step)``, never below one step's rows: whole steps of
+        history, so a solve always sees at least the previous step besides the current one.
+    """
+    if steps_per_epoch < 1 or rows_per_step < 1 or max_epochs < 0:
+        raise ValueError(f"steps_per_epoch and rows_per_step must be >= 1 and max_epochs >= 0, got "
+                         f"{steps_per_epoch}, {rows_per_step}, {max_epochs}")
+    if max_epochs == 0:
+        return buffer_rows
+    whole_steps = int(max_epochs * steps_per_epoch + 1e-9)  # 0.2 · 15 is 3.0000000000000004, 0.29 · 100 is 28.999…
+    return min(buffer_rows, max(1, whole_steps) * rows_per_step)

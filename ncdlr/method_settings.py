@@ -30,6 +30,7 @@ class LabelerConfig:
     momentum: float = 0.99  #: SGD momentum of t
     init_t: float = 0.0  #: initial t (τ = 1 + e^t = 2 at t = 0, where dτ/dt is alive)
     buffer_size: int = 2048  #: J, rows of the global FIFO of novel logits
+    buffer_epochs: float = 0.0  #: > 0: the buffer holds at most this many epochs of the novel pool's rows (whole steps, at least one; buffer_size still bounds it), filled in by the trainer once the pool's size is known, with a line when it shortens the buffer. 0 = buffer_size as given (the paper's J). Measured on the bare cache command (J 2048, batch 128; results.md, session 64): 0.2 won 6.1 novel points on Emoji-LT p0 (2048 rows were 0.73 of its small pool's epoch and left clusters without a pseudo-label in 40 of 50 epochs) and lost 4.1 on OpenClipart-LT p0 (the tail); 0.5 gained 2.0 (SE 1.4) and cost 6.4 known points on Emoji-LT, so it stays off
     use_buffer: bool = True  #: off → solve on the current gathered batch only
     reg_m: float = 0.0  #: ρ ≥ 0; > 0 relaxes the transport's column marginal too (semi-relaxed OT, POT's reg_m): cluster sizes are pulled towards w by ρ·KL(Yᵀ1‖w) instead of held at w; 0 = held (the paper's). Compare with ε: each Sinkhorn column update is raised to ρ/(ρ+ε)
     max_imbalance: float = 0.0  #: τ̂ > 1 for priors "bounded" (upper bound of τ) and "anchored" (KL target); 0: the known classes' training n_max/n_min, filled in by the trainer for those priors

@@ -188,8 +188,10 @@ def test_from_config_takes_every_labeler_field_of_the_config():
                  LabelerConfig(prior="uniform", reg_m=0.2, relax_bound="12.5"), 20).relax_bound == 12.5
              and labeler.relax_bound is None}
     assert all(taken.values()), taken
-    # the discovery step's, and the training loop's (it sets sizes_held per step from relax_after_epochs)
-    labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer", "relax_after_epochs"}
+    # the discovery step's, the training loop's (it sets sizes_held per step from relax_after_epochs) and the
+    # trainer's (buffer_epochs shortens buffer_size before the buffer is built: tests/service/test_buffer_cap.py)
+    labeler_fields = {f.name for f in fields(LabelerConfig)} - {"buffer_size", "use_buffer", "relax_after_epochs",
+                                                                "buffer_epochs"}
     assert set(taken) == labeler_fields
     assert AdaptiveSelfLabeler.from_config(LabelerConfig(), 20).prior.kind == "adaptive"  # max_imbalance 0 = none
     sizes = torch.arange(1.0, 21.0)

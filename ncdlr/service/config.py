@@ -207,7 +207,7 @@ def _prior_learns(kind: str) -> bool:
 
 _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_execution": 1,
                               "labeler.gamma_per_cluster": 0.0, "labeler.reg_m": 0.0, "labeler.max_imbalance": 0.0,
-                              "labeler.relax_after_epochs": 0.0,
+                              "labeler.relax_after_epochs": 0.0, "labeler.buffer_epochs": 0.0,
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
                               "optim.average_epochs": 0.0, "optim.teacher_epochs": 0.0, "model.heads": 1,
                               "method.task_weight": 0.0, "method.known_reweight": 0.0,

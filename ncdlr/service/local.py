@@ -20,6 +20,7 @@ from ncdlr.data.features import FeatureSplits, first_view
 from ncdlr.methods import Method, buffer_width, build_method, posthoc_scores
 from ncdlr.metrics import cluster_accuracy
 
+from .buffer_cap import fill_buffer_cap
 from .config import Config
 from .num_novel import fill_from_known
 from .run_data import init_head, model_for_table
@@ -75,6 +76,7 @@ def train(cfg: Config, splits: FeatureSplits, on_epoch=None) -> TrainedRun:
     cfg.model.encoder = "identity"  # the table's input: embeddings, or the cached encoder (model_for_table)
     model_for_table(cfg, splits)
     fill_from_known(cfg, splits.train_counts(), splits.num_known, splits.features["novel"].shape[0])
+    fill_buffer_cap(cfg, splits.features["novel"].shape[0], world=1, max_steps=cfg.data.max_steps_per_epoch)
     model = build_model(cfg.model, splits.num_known, splits.num_novel, image_size=cfg.data.image_size)
     init_head(cfg, model, splits)
     steps = steps_per_epoch(splits.features["novel"].shape[0], cfg.data.batch_size, 1, cfg.data.max_steps_per_epoch)

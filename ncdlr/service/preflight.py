@@ -191,8 +191,10 @@ def check_resume(cfg: Config, data: TrainingData) -> None:
         this_run = f"Ku = {num_novel} (model.num_novel)" + (f" × {heads} heads (model.heads)" if heads > 1 else "")
         raise CheckpointError(f"{source}: its buffer holds rows of {width} novel clusters, this run has {this_run}")
     if rows > cfg.labeler.buffer_size:
+        shortened = (f" (labeler.buffer_epochs {cfg.labeler.buffer_epochs:g} bounds it by the pool's size; "
+                     f"--labeler.buffer_epochs 0 keeps buffer_size as given)" if cfg.labeler.buffer_epochs > 0 else "")
         raise CheckpointError(f"{source}: its buffer holds {rows} rows, more than labeler.buffer_size = "
-                              f"{cfg.labeler.buffer_size}")
+                              f"{cfg.labeler.buffer_size}{shortened}")
 
 
 def check_shards(cfg: Config, data: TrainingData) -> None:

@@ -188,6 +188,7 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     """Read the data once and check everything that can be checked (:func:`~ncdlr.service.preflight.preflight`,
     the oracle prior's ``Ku``) before Ray starts; start or join Ray and check the cluster's checkpoint storage
     before anything is written; then write ``config.yaml`` and resolve ``model.num_novel``."""
+    from .buffer_cap import fill_buffer_cap
     from .entry import init_ray
     from .names import set_aside_names
     from .num_novel import fill_from_known, fixed_prior_counts, resolve_num_novel
@@ -196,6 +197,8 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     data = load_training_data(cfg.data)
     if data.features is not None:
         model_for_table(cfg, data.features)
+    fill_buffer_cap(cfg, data.summary.novel_rows, world=cfg.run.num_workers,  # the resume check reads it; saved below
+                    max_steps=cfg.data.max_steps_per_epoch if data.features is not None else 0)
     preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint, shards
     fill_from_known(cfg, data.summary.train_counts, data.summary.num_known, data.summary.novel_rows)  # saved below
     if cfg.model.num_novel != "auto":

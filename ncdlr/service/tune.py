@@ -330,6 +330,7 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
+    from .buffer_cap import fill_buffer_cap
     from .num_novel import model_num_novel
     from .run_data import load_training_data, model_for_table
     from .trainer import run_torch_trainer
@@ -341,9 +342,10 @@ def run_trial(config: dict, settings: TrialSettings, env: dict[str, str]) -> Non
                                 config.get("reg_m"))
     data = load_training_data(cfg.data)
     model_for_table(cfg, data.features)
+    workers, use_gpu = settings.workers, settings.gpus_per_trial > 0
+    fill_buffer_cap(cfg, data.summary.novel_rows, world=workers, max_steps=cfg.data.max_steps_per_epoch)
     save_config(cfg, Path(cfg.run.output) / "config.yaml")
 
-    workers, use_gpu = settings.workers, settings.gpus_per_trial > 0
     resources = {"CPU": cfg.run.cpus_per_worker, **({"GPU": settings.gpus_per_trial / workers} if use_gpu else {})}
     storage_fs, storage_path = ray_storage(settings.train_storage)
     results = Queue(maxsize=1, actor_options={"num_cpus": 0})

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ncdlr.buffer import LocalBuffer
+from ncdlr.buffer import LocalBuffer, epoch_capped_rows
 from ncdlr.data.features import FeatureTableError, first_view, read_feature_table, write_table_part
 from ncdlr.methods import build_method
 from ncdlr.models import build_encoder, build_model
@@ -304,7 +304,9 @@ def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tm
     """``ncdlr train --features CACHE`` (Ray Train, one CPU worker): the table's encoder and blocks, a finished run.
     It trains two heads (``model.heads``; one run covers both paths, the suite's time being short): the buffer actor
     holds both heads' columns, the checkpoint both labelers and the selected head, and the run is evaluated through
-    that head. (One head's state dict and step: ``tests/methods/test_heads.py``.)"""
+    that head. (One head's state dict and step: ``tests/methods/test_heads.py``.) The driver bounds the buffer by
+    ``labeler.buffer_epochs`` from the pool's size before the actor is made (``prepare_run``): the config and the
+    checkpointed buffer hold the capped rows."""
     heads = 2
     from ncdlr.service.config import Setting, resolve
     from ncdlr.service.embed import embed_activations
@@ -316,7 +318,11 @@ def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tm
     embed_activations(data, cache, encoder="tiny_cnn", image_size=32, blocks=1, views=3, batch_size=8, progress=False)
     cfg = resolve([Setting("data.features", cache), Setting("model.encoder", "identity"), Setting("model.head", "linear"),
                    Setting("data.batch_size", 4), Setting("optim.epochs", 2), Setting("labeler.buffer_size", 16),
-                   Setting("run.output", str(tmp_path / "run")), Setting("model.heads", heads)])
+                   Setting("run.output", str(tmp_path / "run")), Setting("model.heads", heads),
+                   Setting("labeler.buffer_epochs", 0.25)])
+    novel_rows = read_feature_table(cache).features["novel"].shape[0]
+    capped = epoch_capped_rows(16, novel_rows // 4, 2 * 4, 0.25)
+    assert capped < 16  # the cap bites on this pool
     result = fit(cfg)
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert result["test"]["all"] == saved["all"] and 0.0 <= saved["all"] <= 1.0
@@ -324,7 +330,8 @@ def test_train_on_an_activation_cache_runs_and_evaluates(ray_local, prepared, tm
     assert "cached_blocks: 1" in config and "encoder: tiny_cnn" in config and f"heads: {heads}" in config
     run = open_run(tmp_path / "run")  # the run's last checkpoint, as evaluate / predict read it
     assert len(run.payload["extra_labelers"]) > 0
-    assert run.payload["buffer"]["rows"].shape[1] == heads * run.num_novel  # both heads' columns, side by side
+    assert run.payload["buffer"]["rows"].shape == (capped, heads * run.num_novel)  # both heads' columns, side by side
+    assert f"buffer_size: {capped}" in config
     assert int(run.payload["model"]["selected_head"]) in (0, 1)
     shutil.rmtree(tmp_path / "run" / "ray", ignore_errors=True)
 

@@ -52,7 +52,7 @@ def refused(capsys, *argv: str) -> str:
 
 
 def write_checkpoint(directory: Path, *, num_novel: int = TINY_KU, buffer_width: int | None = None,
-                     heads: int = 1) -> Path:
+                     heads: int = 1, buffer_rows: int = 8) -> Path:
     """A ``state.pt`` of the tiny feature-table model (identity encoder, mlp head) with ``num_novel`` clusters
     (and ``heads`` heads, their buffer columns side by side)."""
     cfg = tiny_config("unused.parquet", directory)
@@ -61,7 +61,7 @@ def write_checkpoint(directory: Path, *, num_novel: int = TINY_KU, buffer_width:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     width = num_novel * heads if buffer_width is None else buffer_width
-    buffer = {"rows": torch.zeros(8, width), "capacity": 64, "num_clusters": width}
+    buffer = {"rows": torch.zeros(buffer_rows, width), "capacity": 64, "num_clusters": width}
     return save_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler, labeler=None,
                            buffer=buffer, step=4, epoch=1, rng=[], config=cfg.to_dict())
 
@@ -209,6 +209,23 @@ def test_a_resume_checkpoint_whose_buffer_has_another_ku_is_refused(tmp_path, ta
     err = refused(capsys, "--features", table, "--output", str(tmp_path / "run"), "--resume", str(tmp_path / "old"))
     assert "run.resume" in err and f"{TINY_KU - 1} novel clusters" in err and f"Ku = {TINY_KU}" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_checkpoint_with_more_buffer_rows_than_the_capped_buffer_is_refused_naming_the_cap(
+        tmp_path, table, capsys, no_ray):
+    """``labeler.buffer_epochs`` shortens the buffer before the resume check reads it: a checkpoint of 40 rows
+    (written with a longer buffer) against one step of 2 × 8 rows is refused, the message naming the cap and how to
+    keep ``buffer_size`` as given; with the cap off the same checkpoint is accepted."""
+    write_checkpoint(tmp_path / "old", buffer_rows=40)
+    argv = ("--features", table, "--output", str(tmp_path / "run"), "--resume", str(tmp_path / "old"),
+            "--data.batch_size", "8", "--labeler.buffer_size", "64")
+    err = refused(capsys, *argv, "--labeler.buffer_epochs", "0.01")
+    assert "its buffer holds 40 rows" in err and "labeler.buffer_size = 16" in err
+    assert "labeler.buffer_epochs 0.01" in err and "--labeler.buffer_epochs 0" in err
+    assert not (tmp_path / "run").exists()
+    cfg = tiny_config(table, tmp_path / "run", run={"resume": str(tmp_path / "old")},
+                      labeler={"buffer_size": 64, "buffer_epochs": 0.0})
+    assert checked(cfg).labeler.buffer_size == 64
 
 
 def test_a_resume_checkpoint_of_another_head_count_is_refused_and_its_own_is_accepted(tmp_path, table, capsys, no_ray):
