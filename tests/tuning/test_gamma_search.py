@@ -237,7 +237,8 @@ def test_a_planted_search_on_an_activation_cache_trains_the_last_block_in_its_tr
     """--problem planted end to end on a local Ray, on an activation cache: the validation table holds the pool, each
     trial trains tiny_cnn's last block and a linear head on the cached views with Ku' + Ku clusters and reports
     the planted F1 (through the config's post-hoc fix, here +LA, fitted on the cached training rows in the Train
-    callback), and best.yaml carries the searched size relaxation."""
+    callback), and best.yaml carries the searched size relaxation. ``labeler.buffer_epochs`` reaches the trials,
+    which bound their buffer by the validation pool's size."""
     from ncdlr.data.features import read_feature_table
     from ncdlr.service.validation import read_validation_split
 
@@ -246,7 +247,7 @@ def test_a_planted_search_on_an_activation_cache_trains_the_last_block_in_its_tr
                  "--problem", "planted", "--pseudo-novel-fraction", "0.5", "--reg-m", "0", "0.45",
                  "--num-samples", "2", "--gamma-min", "1", "--gamma-max", "10", "--epochs", "2", "--batch-size", "4",
                  "--buffer-size", "16", "--warmup-epochs", "1", "--model.trainable_blocks", "1", "--model.head",
-                 "linear", "--method.posthoc", "la", "--max-concurrent", "2"]) == 0
+                 "linear", "--method.posthoc", "la", "--max-concurrent", "2", "--labeler.buffer_epochs", "0.25"]) == 0
     search = json.loads((out / "search.json").read_text())
     assert len(search["trials"]) == 2
     assert all(0.0 <= t["score"] <= 1.0 and t["score_min"] <= t["score"] for t in search["trials"])
@@ -257,6 +258,12 @@ def test_a_planted_search_on_an_activation_cache_trains_the_last_block_in_its_tr
     trial_configs = list((out / "ray").rglob("run/config.yaml"))
     assert trial_configs and all((load_config(p).model.encoder, load_config(p).model.trainable_blocks,
                                   load_config(p).method.posthoc) == ("tiny_cnn", 1, "la") for p in trial_configs)
+    pool = read_feature_table(validation).features["novel"].shape[0]
+    for trial in map(load_config, trial_configs):  # each trial bounds its buffer by its own pool: one step here
+        step_rows = 2 * trial.run.num_workers * trial.data.batch_size
+        steps = pool // (trial.run.num_workers * trial.data.batch_size)
+        assert trial.labeler.buffer_epochs == 0.25 and int(0.25 * steps) <= 1
+        assert trial.labeler.buffer_size == step_rows < 16
     assert "score (planted F1)" in (out / "trials.md").read_text()
     best = load_config(out / "best.yaml")
     assert best.labeler.reg_m == search["best"]["reg_m"]
