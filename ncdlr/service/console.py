@@ -22,6 +22,7 @@ from .config import Config
 
 if TYPE_CHECKING:
     from ncdlr.labeler import AdaptiveSelfLabeler
+    from ncdlr.method_settings import LabelerConfig
 
 
 @ray.remote(num_cpus=0)
@@ -158,6 +159,28 @@ def still_forming_note(confidence: float, previous: float | None, epochs: int) -
             f"above, they moved novel accuracy by -1.2 to +1.3 (docs/results.md, sessions 53-54)")
 
 
+def empty_clusters_warning(empty: int, num_novel: int, epoch: int, imbalance: float, labeler: LabelerConfig,
+                           buffer_epochs: float | None = None) -> str:
+    """The warning after an epoch that left ``empty`` of ``num_novel`` clusters without a pseudo-label, with the
+    lever its cause has: relaxed sizes (``labeler.reg_m`` > 0) → ``labeler.relax_bound``; held sizes over a buffer
+    that holds ``buffer_epochs`` of an epoch of the pool (None: unknown) and no cap → ``labeler.buffer_epochs``."""
+    text = (f"[ncdlr] warning: {empty} of {num_novel} novel clusters got no pseudo-label in epoch {epoch} (the others' "
+            f"sizes differ {imbalance:.0f}-fold); a cluster no row is labelled with discovers nothing. ")
+    if labeler.reg_m > 0:
+        return text + ("Seen with the learned prior and with relaxed sizes (labeler.reg_m > 0; on Emoji-LT they left "
+                       "6-10 of 35 clusters without a training row, docs/results.md, sessions 22 and 48); with relaxed "
+                       "sizes, --labeler.relax_bound known holds them once an epoch's pseudo-labels run past the known "
+                       "classes' imbalance")
+    if labeler.use_buffer and labeler.buffer_epochs == 0 and buffer_epochs is not None:
+        return text + (f"The sizes are held over the buffer and the batch together, and the buffer holds "
+                       f"{buffer_epochs:.2f} of an epoch of the pool: its older rows can take the rare clusters. On "
+                       f"Emoji-LT (0.73) --labeler.buffer_epochs 0.2 left none empty and gained 6.1 novel points, but "
+                       f"it lost 4.1 on OpenClipart-LT (0.5; docs/results.md, session 64): rehearse it "
+                       f"(ncdlr rehearse --candidate short-buffer labeler.buffer_epochs=0.2)")
+    return text + ("Seen with the learned prior, and with held sizes over a buffer that holds much of an epoch "
+                   "(docs/results.md, sessions 48 and 64)")
+
+
 class EpochLog:
     """Rank 0's record of a run: an epoch line, a progress line every ``progress_s`` seconds on long epochs
     (``run.log_every`` > 0), and TensorBoard scalars under ``<run.output>/tensorboard``; other ranks: nothing.
@@ -239,13 +262,10 @@ class EpochLog:
         self._confidence = confidence
         empty = int(metrics.get("clusters_empty", 0))
         if empty:
-            self.say("line", f"[ncdlr] warning: {empty} of {state.model.num_novel} novel clusters got no pseudo-label "
-                             f"in epoch {state.epoch} (the others' sizes differ {metrics['cluster_imbalance']:.0f}-fold); "
-                             "a cluster no row is labelled with discovers nothing. Seen with the learned prior and with "
-                             "relaxed sizes (labeler.reg_m > 0; on Emoji-LT they left 6-10 of 35 clusters without a "
-                             "training row, docs/results.md, sessions 22 and 48); with relaxed sizes, "
-                             "--labeler.relax_bound known holds them once an epoch's pseudo-labels run past the known "
-                             "classes' imbalance")
+            step_rows = 2 * max(1, self.cfg.run.num_workers) * self.cfg.data.batch_size  # two views a novel image
+            held = (self.cfg.labeler.buffer_size / (self.steps_per_epoch * step_rows)) if self.steps_per_epoch else None
+            self.say("line", empty_clusters_warning(empty, state.model.num_novel, state.epoch,
+                                                    metrics["cluster_imbalance"], self.cfg.labeler, held))
         if "sizes_held_from_epoch" in metrics:
             labeler = state.labeler
             self.say("line", f"[ncdlr] the relaxed cluster sizes ran past labeler.relax_bound {labeler.relax_bound:g} in "

@@ -45,6 +45,42 @@ def test_an_epoch_whose_pseudo_labels_left_clusters_empty_says_so_in_a_warning_l
     assert "4 of 21 novel clusters got no pseudo-label in epoch 3" in warnings[0] and "390-fold" in warnings[0]
 
 
+def test_the_empty_cluster_warning_names_the_lever_of_its_cause():
+    """Relaxed sizes → ``labeler.relax_bound``; held sizes over a buffer that holds much of an epoch and no cap →
+    ``labeler.buffer_epochs`` with the fraction the buffer holds (the bare command on Emoji-LT: 2048 rows of 11 steps
+    of 256, 0.73) and session 64's two readings; with the cap set, neither lever is offered again."""
+    from ncdlr.method_settings import LabelerConfig
+    from ncdlr.service.console import empty_clusters_warning
+
+    relaxed = empty_clusters_warning(4, 21, 3, 390.0, LabelerConfig(prior="uniform", reg_m=0.45), 0.1)
+    assert relaxed.startswith("[ncdlr] warning: 4 of 21 novel clusters got no pseudo-label in epoch 3")
+    assert "--labeler.relax_bound known" in relaxed and "buffer_epochs" not in relaxed
+    held = empty_clusters_warning(2, 35, 5, 695.0, LabelerConfig(), 2048 / (11 * 256))
+    assert "holds 0.73 of an epoch" in held and "--labeler.buffer_epochs 0.2" in held and "relax_bound" not in held
+    assert "6.1" in held and "4.1" in held and "ncdlr rehearse" in held
+    capped = empty_clusters_warning(2, 35, 5, 695.0, LabelerConfig(buffer_epochs=0.2), 0.18)
+    assert "--labeler.buffer_epochs" not in capped and "relax_bound" not in capped
+    assert "holds" not in empty_clusters_warning(2, 35, 5, 695.0, LabelerConfig(use_buffer=False), None)
+
+
+def test_an_epoch_line_of_held_sizes_reads_the_buffers_share_of_the_epoch(tmp_path, capfd):
+    """The epoch line computes the buffer's share from the run's steps, batch and workers (2 × W × B rows a step)."""
+    from types import SimpleNamespace
+
+    from ncdlr.service.config import Config
+    from ncdlr.service.console import EpochLog
+
+    cfg = Config()
+    cfg.run.output, cfg.data.batch_size, cfg.run.num_workers = str(tmp_path), 128, 1
+    log = EpochLog(cfg, rank=0, steps_per_epoch=11)
+    log.epoch(SimpleNamespace(epoch=2, model=SimpleNamespace(num_novel=35)),
+              {"epoch_s": 1.0, "loss": 0.5, "tau": 1.0, "bad_images": 0.0, "steps_per_s": 9.0, "clusters_empty": 1.0,
+               "cluster_imbalance": 1063.0})
+    log.close()
+    warning = [line for line in capfd.readouterr().out.splitlines() if "warning" in line][0]
+    assert "1 of 35 novel clusters" in warning and "holds 0.73 of an epoch" in warning
+
+
 def test_the_first_line_says_how_the_clusters_sizes_are_treated():
     """Held at the prior's marginal (the paper's algorithm), relaxed towards it (the dataset configs' uniform prior
     with reg_m 0.45; after a warm-up of held sizes with labeler.relax_after_epochs), or nothing for a method without
