@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 VIEWS_PER_IMAGE = 2
 
 
+def step_rows(cfg: Config, world: int) -> int:
+    """Rows a global step appends to the buffer: the two views of ``world × data.batch_size`` novel images."""
+    return VIEWS_PER_IMAGE * max(1, world) * cfg.data.batch_size
+
+
 def fill_buffer_cap(cfg: Config, novel_rows: int, *, world: int, max_steps: int = 0) -> int | None:
     """Shorten ``cfg.labeler.buffer_size`` in place to ``labeler.buffer_epochs`` of the pool; the new ``J`` or None.
 
@@ -43,12 +48,12 @@ def fill_buffer_cap(cfg: Config, novel_rows: int, *, world: int, max_steps: int 
         steps = steps_per_epoch(novel_rows, cfg.data.batch_size, world, max_steps)
     except ValueError:
         return None
-    step_rows = VIEWS_PER_IMAGE * world * cfg.data.batch_size
-    capped = epoch_capped_rows(labeler.buffer_size, steps, step_rows, labeler.buffer_epochs)
+    rows = step_rows(cfg, world)
+    capped = epoch_capped_rows(labeler.buffer_size, steps, rows, labeler.buffer_epochs)
     if capped >= labeler.buffer_size:
         return None
     log.info("labeler.buffer_size %d -> %d rows: labeler.buffer_epochs %g of the novel pool's %d steps of %d rows "
              "(older rows loosen the held cluster sizes on the rows that train)", labeler.buffer_size, capped,
-             labeler.buffer_epochs, steps, step_rows)
+             labeler.buffer_epochs, steps, rows)
     labeler.buffer_size = capped
     return capped

@@ -262,8 +262,10 @@ class EpochLog:
         self._confidence = confidence
         empty = int(metrics.get("clusters_empty", 0))
         if empty:
-            step_rows = 2 * max(1, self.cfg.run.num_workers) * self.cfg.data.batch_size  # two views a novel image
-            held = (self.cfg.labeler.buffer_size / (self.steps_per_epoch * step_rows)) if self.steps_per_epoch else None
+            from .buffer_cap import step_rows  # here, not at the top: the driver's relay imports this module without torch
+
+            held = (self.cfg.labeler.buffer_size / (self.steps_per_epoch * step_rows(self.cfg, self.cfg.run.num_workers))
+                    if self.steps_per_epoch else None)
             self.say("line", empty_clusters_warning(empty, state.model.num_novel, state.epoch,
                                                     metrics["cluster_imbalance"], self.cfg.labeler, held))
         if "sizes_held_from_epoch" in metrics:
