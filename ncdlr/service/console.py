@@ -262,7 +262,7 @@ class EpochLog:
         self._confidence = confidence
         empty = int(metrics.get("clusters_empty", 0))
         if empty:
-            from .buffer_cap import step_rows  # here, not at the top: the driver's relay imports this module without torch
+            from .buffer_cap import step_rows  # here: keeps the module's imports light
 
             held = (self.cfg.labeler.buffer_size / (self.steps_per_epoch * step_rows(self.cfg, self.cfg.run.num_workers))
                     if self.steps_per_epoch else None)
