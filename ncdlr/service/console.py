@@ -262,9 +262,9 @@ class EpochLog:
         self._confidence = confidence
         empty = int(metrics.get("clusters_empty", 0))
         if empty:
-            from .buffer_cap import step_rows  # here: keeps the module's imports light
+            from .buffer_cap import buffer_share_of_epoch  # here: keeps the module's imports light
 
-            held = (self.cfg.labeler.buffer_size / (self.steps_per_epoch * step_rows(self.cfg, self.cfg.run.num_workers))
+            held = (buffer_share_of_epoch(self.cfg, self.steps_per_epoch, self.cfg.run.num_workers)
                     if self.steps_per_epoch else None)
             self.say("line", empty_clusters_warning(empty, state.model.num_novel, state.epoch,
                                                     metrics["cluster_imbalance"], self.cfg.labeler, held))
