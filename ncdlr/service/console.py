@@ -175,7 +175,8 @@ def empty_clusters_warning(empty: int, num_novel: int, epoch: int, imbalance: fl
         return text + (f"The sizes are held over the buffer and the batch together, and the buffer holds "
                        f"{buffer_epochs:.2f} of an epoch of the pool: its older rows can take the rare clusters. On "
                        f"Emoji-LT (0.73) --labeler.buffer_epochs 0.2 left none empty and gained 6.1 novel points, but "
-                       f"it lost 4.1 on OpenClipart-LT (0.5; docs/results.md, session 64): rehearse it "
+                       f"it lost 4.1 on OpenClipart-LT (0.5) and moved Tabler-LT by +0.4 (0.58, SE 5.0; "
+                       f"docs/results.md, sessions 64 and 65): rehearse it "
                        f"(ncdlr rehearse --candidate short-buffer labeler.buffer_epochs=0.2)")
     return text + ("Seen with the learned prior, and with held sizes over a buffer that holds much of an epoch "
                    "(docs/results.md, sessions 48 and 64)")

@@ -57,7 +57,7 @@ def test_the_empty_cluster_warning_names_the_lever_of_its_cause():
     assert "--labeler.relax_bound known" in relaxed and "buffer_epochs" not in relaxed
     held = empty_clusters_warning(2, 35, 5, 695.0, LabelerConfig(), 2048 / (11 * 256))
     assert "holds 0.73 of an epoch" in held and "--labeler.buffer_epochs 0.2" in held and "relax_bound" not in held
-    assert "6.1" in held and "4.1" in held and "ncdlr rehearse" in held
+    assert "6.1" in held and "4.1" in held and "Tabler-LT by +0.4" in held and "ncdlr rehearse" in held
     capped = empty_clusters_warning(2, 35, 5, 695.0, LabelerConfig(buffer_epochs=0.2), 0.18)
     assert "--labeler.buffer_epochs" not in capped and "relax_bound" not in capped
     no_buffer = empty_clusters_warning(2, 35, 5, 695.0, LabelerConfig(use_buffer=False), None)
