@@ -448,6 +448,12 @@ def steps_per_epoch(num_novel_rows: int, batch_size: int, world: int, max_steps:
     return min(steps, max_steps) if max_steps > 0 else steps
 
 
+def epoch_max_steps(data: DataConfig, feature_table: bool) -> int:
+    """The ``max_steps`` of :func:`steps_per_epoch` for a run: ``data.max_steps_per_epoch`` on a feature table; 0 on
+    image streams, which run whole epochs. The worker and the driver's buffer cap both count steps by it."""
+    return data.max_steps_per_epoch if feature_table else 0
+
+
 def feature_batches(splits: FeatureSplits, data: DataConfig, seed: int, epoch: int, rank: int, world: int
                     ) -> Iterator[PairedBatch]:
     """Paired batches for ``rank``: a seeded permutation of the novel rows (known rows cycled), ``B`` each.

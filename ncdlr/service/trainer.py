@@ -190,6 +190,7 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     before anything is written; then write ``config.yaml`` and resolve ``model.num_novel``."""
     from .buffer_cap import fill_buffer_cap
     from .entry import init_ray
+    from .train_loop import epoch_max_steps
     from .names import set_aside_names
     from .num_novel import fill_from_known, fixed_prior_counts, resolve_num_novel
     from .preflight import check_cluster_storage, preflight
@@ -198,7 +199,7 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     if data.features is not None:
         model_for_table(cfg, data.features)
     fill_buffer_cap(cfg, data.summary.novel_rows, world=cfg.run.num_workers,  # the resume check reads it; saved below
-                    max_steps=cfg.data.max_steps_per_epoch if data.features is not None else 0)
+                    max_steps=epoch_max_steps(cfg.data, data.features is not None))
     preflight(cfg, data)  # paths made absolute; run directory, test split, num_novel, resume checkpoint, shards
     fill_from_known(cfg, data.summary.train_counts, data.summary.num_known, data.summary.novel_rows)  # saved below
     if cfg.model.num_novel != "auto":

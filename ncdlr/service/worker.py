@@ -256,7 +256,7 @@ def train_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    from .train_loop import run_epoch, steps_per_epoch
+    from .train_loop import epoch_max_steps, run_epoch, steps_per_epoch
 
     os.environ.update(config.get("env", {}))  # S3 endpoint/credentials of the driver
     cfg: Config = config["cfg"]
@@ -270,7 +270,7 @@ def train_worker(config: dict) -> None:
         torch.set_num_threads(max(1, int(cfg.run.cpus_per_worker)))
 
     # ---- building, once ---------------------------------------------------------------------------------------
-    max_steps = cfg.data.max_steps_per_epoch if features is not None else 0  # image streams run whole epochs
+    max_steps = epoch_max_steps(cfg.data, features is not None)  # image streams run whole epochs
     steps = steps_per_epoch(summary.novel_rows, cfg.data.batch_size, world, max_steps)
     batches = epoch_batches(cfg, features, rank, world, device, steps)  # image streams start now, beside the build
     state = build_state(cfg, summary, steps, device, world, features)
