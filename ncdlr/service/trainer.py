@@ -190,10 +190,10 @@ def prepare_run(cfg: Config) -> tuple[TrainingData, Path]:
     before anything is written; then write ``config.yaml`` and resolve ``model.num_novel``."""
     from .buffer_cap import fill_buffer_cap
     from .entry import init_ray
-    from .train_loop import epoch_max_steps
     from .names import set_aside_names
     from .num_novel import fill_from_known, fixed_prior_counts, resolve_num_novel
     from .preflight import check_cluster_storage, preflight
+    from .train_loop import epoch_max_steps
 
     data = load_training_data(cfg.data)
     if data.features is not None:
