@@ -11,6 +11,7 @@ DATASET is one of
   openclipart     Debian openclipart-png: real clipart, natural tail (43 classes, 5.2k images)
   emoji           emoji-datasource npm packages: real drawings of two styles, classes = Unicode subcategories
   tabler          @tabler/icons npm package: real line icons (SVG, rendered), classes = the icons' categories
+  phosphor        @phosphor-icons/core npm package: real icons (SVG, rendered), classes = their Figma sections
   synthetic       procedurally drawn shapes, written as an iNat-2018 release, prepared by inat18
 
 The output (--out) is a local folder or s3://bucket/prefix (endpoint, region and credentials from the
@@ -30,15 +31,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ncdlr.data.builders import (cifar100, emoji, fashion_mnist, herbarium19, imagenet100, inat18, openclipart, synthetic,
-                                 tabler)
+from ncdlr.data.builders import (cifar100, emoji, fashion_mnist, herbarium19, imagenet100, inat18, openclipart, phosphor,
+                                 synthetic, tabler)
 from ncdlr.data.builders.common import SourceFormatError
 from ncdlr.data.manifest import DatasetFormatError, Manifest
 from ncdlr.data.storage import StorageError
 
 NAME = "prepare"
 HELP = ("prepare a dataset (iNat18, Herbarium19, CIFAR100-LT, ImageNet100-LT, Fashion-MNIST-LT, OpenClipart, Emoji, "
-        "Tabler, synthetic) as shards")
+        "Tabler, Phosphor, synthetic) as shards")
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
     p.set_defaults(_build=_build_tabler)
 
+    p = _sub(sub, "phosphor", phosphor, "@phosphor-icons/core npm package → Phosphor-LT (real icons, natural tail)")
+    p.add_argument("--root", type=Path, required=True, metavar="DIR",
+                   help="folder holding @phosphor-icons/core/, e.g. DIR/node_modules after "
+                        "`npm install --prefix DIR @phosphor-icons/core@2.1.1` (required)")
+    p.add_argument("--styles", nargs="+", choices=phosphor.STYLES, default=["regular"], metavar="STYLE",
+                   help="drawings per icon, one per style: regular, thin, light, bold, fill, duotone (every icon "
+                        "has all six); each adds one image per icon (default regular)")
+    p.add_argument("--min-icons", type=int, default=8, metavar="N",
+                   help="drop classes (figma categories) with fewer icons (default 8: all 18 are kept)")
+    p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
+                   help="share of each class's icon families (an icon and its -slash variant) held out as test "
+                        "(default 0.2)")
+    p.add_argument("--min-test", type=int, default=2, metavar="N",
+                   help="at least N test icon families per class (default 2)")
+    p.add_argument("--render-size", type=int, default=96, metavar="PX",
+                   help="square canvas an SVG is rendered on before the crop to its drawing (default 96)")
+    _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
+    p.set_defaults(_build=_build_phosphor)
+
     p = _sub(sub, "synthetic", synthetic, "procedural long-tailed shapes, via an iNat-2018-style tree")
     p.add_argument("--classes", type=int, default=10, metavar="N",
                    help="number of classes, 2..384; half known (default 10)")
@@ -258,6 +278,13 @@ def _build_tabler(args: argparse.Namespace, **kw: object) -> Manifest:
                                  test_fraction=args.test_fraction, min_test=args.min_test,
                                  render_size=args.render_size)
     return tabler.build(config, args.out, **kw)
+
+
+def _build_phosphor(args: argparse.Namespace, **kw: object) -> Manifest:
+    config = phosphor.PhosphorConfig(root=args.root, styles=tuple(args.styles), seed=args.seed,
+                                     min_icons=args.min_icons, test_fraction=args.test_fraction,
+                                     min_test=args.min_test, render_size=args.render_size)
+    return phosphor.build(config, args.out, **kw)
 
 
 def _build_synthetic(args: argparse.Namespace, **kw: object) -> Manifest:

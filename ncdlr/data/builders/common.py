@@ -33,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ncdlr.data import shards
-from ncdlr.data.images import decode_problem
+from ncdlr.data.images import DECODE_ERRORS, clipart_to_rgb, decode_problem, encode
 from ncdlr.data.longtail import long_tail_counts, split_known_novel
 from ncdlr.data.manifest import DatasetInfo, Manifest
 from ncdlr.data.records import SPLITS, ClassInfo, ImageRecord
@@ -161,6 +161,33 @@ def read_json_index(index: Path, package: str) -> Any:
         raise SourceFormatError(f"{index} does not exist: not {package} package") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SourceFormatError(f"{index} is not valid JSON: {exc}") from exc
+
+
+def render(svg: bytes, size: int) -> bytes:
+    """An SVG's drawing as an opaque, content-cropped PNG: rendered by resvg on a transparent ``size``-px square,
+    cropped to its drawn pixels and flattened onto white. Raises ``ValueError`` for an SVG resvg cannot render or
+    one that draws nothing, and the ``DECODE_ERRORS`` for what resvg returns but Pillow cannot read."""
+    import resvg_py  # the renderer is only needed to prepare the icon sets
+
+    try:
+        text = svg.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text: {exc}") from exc
+    png = bytes(resvg_py.svg_to_bytes(svg_string=text, width=size, height=size))
+    return encode(clipart_to_rgb(png), "PNG")
+
+
+def convert_svg(path: Path, size: int, listed_in: str) -> bytes | str:
+    """The drawing at ``path`` as a PNG (:func:`render`), or, as a ``str``, why it cannot be one (for
+    :func:`convert_styled`). A missing file is a ``SourceFormatError`` naming it and the index (``listed_in``)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise SourceFormatError(f"drawing {path} is listed in {listed_in} but does not exist") from exc
+    try:
+        return render(data, size)
+    except (ValueError, *DECODE_ERRORS) as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 @dataclass

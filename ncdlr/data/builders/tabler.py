@@ -44,6 +44,7 @@ from ncdlr.data.builders.common import (
     class_hold_out,
     class_table,
     convert_styled,
+    convert_svg,
     natural_imbalance,
     read_json_index,
     skip_report,
@@ -51,7 +52,6 @@ from ncdlr.data.builders.common import (
     split_order,
     write_plan,
 )
-from ncdlr.data.images import DECODE_ERRORS, clipart_to_rgb, encode
 from ncdlr.data.manifest import DatasetInfo, Manifest
 from ncdlr.data.records import ImageRecord
 
@@ -120,32 +120,6 @@ def read_index(root: Path, styles: tuple[str, ...]) -> list[Icon]:
     return sorted(icons, key=lambda icon: icon.name)
 
 
-def render(svg: bytes, size: int) -> bytes:
-    """An SVG's drawing as an opaque, content-cropped PNG: rendered by resvg on a transparent ``size``-px square,
-    cropped to its drawn pixels and flattened onto white. Raises ``ValueError`` for an SVG resvg cannot render or
-    one that draws nothing, and the ``DECODE_ERRORS`` for what resvg returns but Pillow cannot read."""
-    import resvg_py  # the renderer is only needed to prepare this set
-
-    try:
-        text = svg.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text: {exc}") from exc
-    png = bytes(resvg_py.svg_to_bytes(svg_string=text, width=size, height=size))
-    return encode(clipart_to_rgb(png), "PNG")
-
-
-def _convert(path: Path, size: int) -> bytes | str:
-    """The drawing at ``path`` as a PNG (:func:`render`), or the reason it cannot be one."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise SourceFormatError(f"drawing {path} is listed in icons.json but does not exist") from exc
-    try:
-        return render(data, size)
-    except (ValueError, *DECODE_ERRORS) as exc:
-        return f"{type(exc).__name__}: {exc}"
-
-
 def plan(config: TablerConfig, *, progress: bool = True) -> Plan:
     """Read, render and split: everything ``build`` writes, in memory (≈ 10 MB for the outline style)."""
     root = Path(config.root)
@@ -154,7 +128,8 @@ def plan(config: TablerConfig, *, progress: bool = True) -> Plan:
         raise ValueError(f"render_size must be at least 8 pixels, got {config.render_size}")
     icons = read_index(root, styles)
     made = convert_styled(icons, styles,
-                          lambda icon, style: _convert(svg_path(root, style, icon.name), config.render_size),
+                          lambda icon, style: convert_svg(svg_path(root, style, icon.name), config.render_size,
+                                                          "icons.json"),
                           lambda icon, style: f"{style}/{icon.name}", "rendering icons", progress=progress)
     drawings, skipped, by_class = made.drawings, made.skipped, made.by_class
     names, num_known, small = split_large_classes(by_class, config.min_icons, config.seed, str(root),
