@@ -39,6 +39,9 @@ Datasets
                20 with 666 → 6 and 310 → 10 training images) through the activation cache at 128 px, as emoji-cached:
                a fourth real set, made in session 49 after the relax bound was fixed; γ = 0.5·Ku = 10.
                tabler-cached-p1: the partition of ``prepare tabler --seed 1`` (known 302 → 6, novel 665 → 10).
+  phosphor-cached  Phosphor-LT (``ncdlr prepare phosphor``: the @phosphor-icons/core icons, classes = their Figma
+               sections, 9 + 9 with 141 → 15 and 125 → 23 training images) through the activation cache at 128 px,
+               as emoji-cached: a fifth real set, made in session 67 after every setting was fixed; γ = 0.5·Ku = 4.5.
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -319,7 +322,8 @@ CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-c
           "fashion-cached-p1": "/work/cache/fm-p1-lite0-96-b1-v8", "fashion-cached-p2": "/work/cache/fm-p2-lite0-96-b1-v8",
           "fashion-cached-p3": "/work/cache/fm-p3-lite0-96-b1-v8", "fashion-cached-p4": "/work/cache/fm-p4-lite0-96-b1-v8",
           "emoji-cached": "/work/cache/emoji-lite0-128-b1-v8", "emoji-cached-p1": "/work/cache/emoji-p1-lite0-128-b1-v8",
-          "tabler-cached": "/work/cache/tabler-lite0-128-b1-v8", "tabler-cached-p1": "/work/cache/tabler-p1-lite0-128-b1-v8"}
+          "tabler-cached": "/work/cache/tabler-lite0-128-b1-v8", "tabler-cached-p1": "/work/cache/tabler-p1-lite0-128-b1-v8",
+          "phosphor-cached": "/work/cache/phosphor-lite0-128-b1-v8"}
 
 
 def dataset_items(items: list[str], flag: str, what: str) -> dict[str, str]:
@@ -414,12 +418,15 @@ def dataset_config(name: str, epochs: int | None) -> Config:
         # configs/openclipart.yaml's whole setting since session 35 (those sizes, the block term and the
         # class-balanced known loss) is `ncdlr-uniform-relax-task-cb`
         # γ = 0.5·Ku, the config's gamma_per_cluster: 10 (10.5 rounded, as every OpenClipart cell since session 7)
-        # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5; 17.5 at Emoji-LT's Ku = 35; 10 at Tabler-LT's Ku = 20
+        # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5; 17.5 at Emoji-LT's Ku = 35; 10 at Tabler-LT's Ku = 20; 4.5 at
+        # Phosphor-LT's Ku = 9
         cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512
         if name.startswith("fashion-cached"):
             cfg.labeler.gamma = 2.5
         if name.startswith("emoji-cached"):
             cfg.labeler.gamma = 17.5
+        if name.startswith("phosphor-cached"):
+            cfg.labeler.gamma = 4.5
         cfg.model.head, cfg.model.trainable_blocks = "linear", 1
         cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 10, 1e-3, 1e-4, 1
         cfg.optim.epochs = epochs or cfg.optim.epochs

@@ -48,6 +48,7 @@ CONFIG_OF = {
     "fashion": {"config": "configs/fashion_mnist.yaml", "variant": "ncdlr-uniform-relax-bound", "chosen": True},
     "emoji": {"config": "configs/openclipart.yaml", "variant": "ncdlr-uniform-relax-task-cb-bound", "chosen": False},
     "tabler": {"config": "configs/openclipart.yaml", "variant": "ncdlr-uniform-relax-task-cb-bound", "chosen": False},
+    "phosphor": {"config": "configs/openclipart.yaml", "variant": "ncdlr-uniform-relax-task-cb-bound", "chosen": False},
 }
 UNO, PAPER = "uno", "ncdlr"
 #: issue 14's goal: novel gap to UNO (points) and in SEs, known no more than this below UNO, novel seed std at most
