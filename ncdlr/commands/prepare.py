@@ -75,6 +75,20 @@ def _ratios(parser: argparse.ArgumentParser, n_max: int, why: str = "the per-cla
                         help=f"training images of each half's head class (default {n_max}, {why})")
 
 
+def _icon_set_arguments(p: argparse.ArgumentParser, min_icons_help: str, crossed_out: str) -> None:
+    """The options the icon sets (Tabler-LT, Phosphor-LT) share: class size floor, test hold-out of icon families
+    (an icon and its ``crossed_out`` variant), the SVG canvas, and the common ones."""
+    p.add_argument("--min-icons", type=int, default=8, metavar="N", help=min_icons_help)
+    p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
+                   help=f"share of each class's icon families (an icon and its {crossed_out} variant) held out as "
+                        "test (default 0.2)")
+    p.add_argument("--min-test", type=int, default=2, metavar="N",
+                   help="at least N test icon families per class (default 2)")
+    p.add_argument("--render-size", type=int, default=96, metavar="PX",
+                   help="square canvas an SVG is rendered on before the crop to its drawing (default 96)")
+    _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
+
+
 def _sub(subparsers: argparse._SubParsersAction, name: str, module: object, help_text: str) -> argparse.ArgumentParser:
     return subparsers.add_parser(name, help=help_text, description=module.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,16 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--styles", nargs="+", choices=tabler.STYLES, default=["outline"], metavar="STYLE",
                    help="drawings per icon, one per style: outline, filled; an icon one style lacks is left out "
                         "(default outline: every icon has it; filled only about a fifth)")
-    p.add_argument("--min-icons", type=int, default=8, metavar="N",
-                   help="drop categories with fewer icons drawn in every style (default 8)")
-    p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
-                   help="share of each class's icon families (an icon and its -off variant) held out as test "
-                        "(default 0.2)")
-    p.add_argument("--min-test", type=int, default=2, metavar="N",
-                   help="at least N test icon families per class (default 2)")
-    p.add_argument("--render-size", type=int, default=96, metavar="PX",
-                   help="square canvas an SVG is rendered on before the crop to its drawing (default 96)")
-    _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
+    _icon_set_arguments(p, "drop categories with fewer icons drawn in every style (default 8)", tabler.CROSSED_OUT)
     p.set_defaults(_build=_build_tabler)
 
     p = _sub(sub, "phosphor", phosphor, "@phosphor-icons/core npm package → Phosphor-LT (real icons, natural tail)")
@@ -198,16 +203,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--styles", nargs="+", choices=phosphor.STYLES, default=["regular"], metavar="STYLE",
                    help="drawings per icon, one per style: regular, thin, light, bold, fill, duotone (every icon "
                         "has all six); each adds one image per icon (default regular)")
-    p.add_argument("--min-icons", type=int, default=8, metavar="N",
-                   help="drop classes (figma categories) with fewer icons (default 8: all 18 are kept)")
-    p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
-                   help="share of each class's icon families (an icon and its -slash variant) held out as test "
-                        "(default 0.2)")
-    p.add_argument("--min-test", type=int, default=2, metavar="N",
-                   help="at least N test icon families per class (default 2)")
-    p.add_argument("--render-size", type=int, default=96, metavar="PX",
-                   help="square canvas an SVG is rendered on before the crop to its drawing (default 96)")
-    _common(p, seed_help="Seed of the known/novel split and of the test hold-out.")
+    _icon_set_arguments(p, "drop classes (figma categories) with fewer icons (default 8: all 18 are kept)",
+                        phosphor.CROSSED_OUT)
     p.set_defaults(_build=_build_phosphor)
 
     p = _sub(sub, "synthetic", synthetic, "procedural long-tailed shapes, via an iNat-2018-style tree")
