@@ -177,6 +177,12 @@ def render(svg: bytes, size: int) -> bytes:
     return encode(clipart_to_rgb(png), "PNG")
 
 
+def check_render_size(size: int) -> None:
+    """Refuse an SVG canvas too small to draw an icon on (``ValueError``), before any drawing is rendered."""
+    if size < 8:
+        raise ValueError(f"render_size must be at least 8 pixels, got {size}")
+
+
 def convert_svg(path: Path, size: int, listed_in: str) -> bytes | str:
     """The drawing at ``path`` as a PNG (:func:`render`), or, as a ``str``, why it cannot be one (for
     :func:`convert_styled`). A missing file is a ``SourceFormatError`` naming it and the index (``listed_in``)."""

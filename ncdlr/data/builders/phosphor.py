@@ -47,6 +47,7 @@ from typing import Any
 from ncdlr.data.builders.common import (
     Plan,
     SourceFormatError,
+    check_render_size,
     check_styles,
     class_hold_out,
     class_table,
@@ -253,8 +254,7 @@ def plan(config: PhosphorConfig, *, progress: bool = True) -> Plan:
     root = Path(config.root)
     styles = tuple(config.styles)
     check_styles(styles, STYLES)
-    if config.render_size < 8:
-        raise ValueError(f"render_size must be at least 8 pixels, got {config.render_size}")
+    check_render_size(config.render_size)
     icons = read_index(root)
     made = convert_styled(icons, styles,
                           lambda icon, style: convert_svg(svg_path(root, style, icon.name), config.render_size,
