@@ -42,6 +42,9 @@ Datasets
   phosphor-cached  Phosphor-LT (``ncdlr prepare phosphor``: the @phosphor-icons/core icons, classes = their Figma
                sections, 9 + 9 with 141 → 15 and 125 → 23 training images) through the activation cache at 128 px,
                as emoji-cached: a fifth real set, made in session 67 after every setting was fixed; γ = 0.5·Ku = 4.5.
+  mdi-cached   MDI-LT (``ncdlr prepare mdi``: Material Design Icons from @iconify-json/mdi, classes = their one
+               category, 28 + 27 with 312 → 9 and 167 → 7 training images) through the activation cache at 128 px,
+               as emoji-cached: a sixth real set, made in session 68 after every setting was fixed; γ = 0.5·Ku = 13.5.
 
 Variants (each trains once; +LA / +cRT are post-hoc on the same trained model)
   uno, autonovel, ncdlr (faithful: ETF + MSE + buffer + adaptive w(τ)), ncdlr-bounded (ours: τ ≤ the known
@@ -323,7 +326,7 @@ CACHED = {"openclipart-cached": "/work/cache/oc-lite0-160-b1-v8", "openclipart-c
           "fashion-cached-p3": "/work/cache/fm-p3-lite0-96-b1-v8", "fashion-cached-p4": "/work/cache/fm-p4-lite0-96-b1-v8",
           "emoji-cached": "/work/cache/emoji-lite0-128-b1-v8", "emoji-cached-p1": "/work/cache/emoji-p1-lite0-128-b1-v8",
           "tabler-cached": "/work/cache/tabler-lite0-128-b1-v8", "tabler-cached-p1": "/work/cache/tabler-p1-lite0-128-b1-v8",
-          "phosphor-cached": "/work/cache/phosphor-lite0-128-b1-v8"}
+          "phosphor-cached": "/work/cache/phosphor-lite0-128-b1-v8", "mdi-cached": "/work/cache/mdi-lite0-128-b1-v8"}
 
 
 def dataset_items(items: list[str], flag: str, what: str) -> dict[str, str]:
@@ -419,7 +422,7 @@ def dataset_config(name: str, epochs: int | None) -> Config:
         # class-balanced known loss) is `ncdlr-uniform-relax-task-cb`
         # γ = 0.5·Ku, the config's gamma_per_cluster: 10 (10.5 rounded, as every OpenClipart cell since session 7)
         # at Ku = 21; 2.5 at Fashion-MNIST-LT's Ku = 5; 17.5 at Emoji-LT's Ku = 35; 10 at Tabler-LT's Ku = 20; 4.5 at
-        # Phosphor-LT's Ku = 9
+        # Phosphor-LT's Ku = 9; 13.5 at MDI-LT's Ku = 27
         cfg.data.batch_size, cfg.labeler.gamma, cfg.labeler.buffer_size = 64, 10.0, 512
         if name.startswith("fashion-cached"):
             cfg.labeler.gamma = 2.5
@@ -427,6 +430,8 @@ def dataset_config(name: str, epochs: int | None) -> Config:
             cfg.labeler.gamma = 17.5
         if name.startswith("phosphor-cached"):
             cfg.labeler.gamma = 4.5
+        if name.startswith("mdi-cached"):
+            cfg.labeler.gamma = 13.5
         cfg.model.head, cfg.model.trainable_blocks = "linear", 1
         cfg.optim.epochs, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_epochs = 10, 1e-3, 1e-4, 1
         cfg.optim.epochs = epochs or cfg.optim.epochs

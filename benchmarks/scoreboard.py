@@ -49,6 +49,7 @@ CONFIG_OF = {
     "emoji": {"config": "configs/openclipart.yaml", "variant": "ncdlr-uniform-relax-task-cb-bound", "chosen": False},
     "tabler": {"config": "configs/openclipart.yaml", "variant": "ncdlr-uniform-relax-task-cb-bound", "chosen": False},
     "phosphor": {"config": "configs/openclipart.yaml", "variant": "ncdlr-uniform-relax-task-cb-bound", "chosen": False},
+    "mdi": {"config": "configs/openclipart.yaml", "variant": "ncdlr-uniform-relax-task-cb-bound", "chosen": False},
 }
 UNO, PAPER = "uno", "ncdlr"
 #: issue 14's goal: novel gap to UNO (points) and in SEs, known no more than this below UNO, novel seed std at most

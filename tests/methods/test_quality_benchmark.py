@@ -159,14 +159,14 @@ def test_table_overrides_name_a_cached_dataset_and_keep_the_other_defaults():
 def test_every_cached_dataset_gets_the_cached_budget_with_gamma_half_its_novel_count():
     """configs/openclipart.yaml's budget on every activation cache; γ = 0.5·Ku (10 at OpenClipart-LT's Ku = 21, as
     every cell since session 7; 2.5 at Fashion-MNIST-LT's Ku = 5; 17.5 at Emoji-LT's Ku = 35; 4.5 at Phosphor-LT's
-    Ku = 9)."""
+    Ku = 9; 13.5 at MDI-LT's Ku = 27)."""
     quality = load_benchmark("quality")
     assert "fashion-cached" in quality.CACHED
     for name in quality.CACHED:
         cfg = quality.dataset_config(name, None)
         assert (cfg.data.batch_size, cfg.labeler.buffer_size, cfg.model.trainable_blocks) == (64, 512, 1)
         assert (cfg.optim.epochs, cfg.optim.lr, cfg.model.head) == (10, 1e-3, "linear")
-        expected = {"fashion": 2.5, "emoji": 17.5, "phosphor": 4.5}.get(name.split("-")[0], 10.0)
+        expected = {"fashion": 2.5, "emoji": 17.5, "phosphor": 4.5, "mdi": 13.5}.get(name.split("-")[0], 10.0)
         assert cfg.labeler.gamma == expected
     assert quality.dataset_config("fashion-cached", 3).optim.epochs == 3
 

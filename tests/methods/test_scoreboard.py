@@ -33,7 +33,7 @@ def test_a_dataset_without_a_known_config_is_refused_by_name():
             board.family(name)
 
 
-@pytest.mark.parametrize("family", ["openclipart", "fashion", "emoji", "tabler", "phosphor"])
+@pytest.mark.parametrize("family", ["openclipart", "fashion", "emoji", "tabler", "phosphor", "mdi"])
 def test_each_sets_config_variant_trains_what_its_shipped_config_sets(family):
     """The variant the scoreboard reads as "config" sets every method and labeler field the way the shipped config
     file does (the budget's fields aside: γ, which the uniform prior does not use, and the bound's filled-in value),
