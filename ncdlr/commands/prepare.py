@@ -12,6 +12,7 @@ DATASET is one of
   emoji           emoji-datasource npm packages: real drawings of two styles, classes = Unicode subcategories
   tabler          @tabler/icons npm package: real line icons (SVG, rendered), classes = the icons' categories
   phosphor        @phosphor-icons/core npm package: real icons (SVG, rendered), classes = their Figma sections
+  mdi             @iconify-json/mdi npm package: Material Design Icons (SVG, rendered), classes = their categories
   synthetic       procedurally drawn shapes, written as an iNat-2018 release, prepared by inat18
 
 The output (--out) is a local folder or s3://bucket/prefix (endpoint, region and credentials from the
@@ -31,15 +32,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ncdlr.data.builders import (cifar100, emoji, fashion_mnist, herbarium19, imagenet100, inat18, openclipart, phosphor,
-                                 synthetic, tabler)
+from ncdlr.data.builders import (cifar100, emoji, fashion_mnist, herbarium19, imagenet100, inat18, mdi, openclipart,
+                                 phosphor, synthetic, tabler)
 from ncdlr.data.builders.common import SourceFormatError
 from ncdlr.data.manifest import DatasetFormatError, Manifest
 from ncdlr.data.storage import StorageError
 
 NAME = "prepare"
 HELP = ("prepare a dataset (iNat18, Herbarium19, CIFAR100-LT, ImageNet100-LT, Fashion-MNIST-LT, OpenClipart, Emoji, "
-        "Tabler, Phosphor, synthetic) as shards")
+        "Tabler, Phosphor, MDI, synthetic) as shards")
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def _ratios(parser: argparse.ArgumentParser, n_max: int, why: str = "the per-cla
 
 
 def _icon_set_arguments(p: argparse.ArgumentParser, min_icons_help: str, crossed_out: str) -> None:
-    """The options the icon sets (Tabler-LT, Phosphor-LT) share: class size floor, test hold-out of icon families
+    """The options the icon sets (Tabler-LT, Phosphor-LT, MDI-LT) share: class size floor, test hold-out of icon families
     (an icon and its ``crossed_out`` variant), the SVG canvas, and the common ones."""
     p.add_argument("--min-icons", type=int, default=8, metavar="N", help=min_icons_help)
     p.add_argument("--test-fraction", type=float, default=0.2, metavar="F",
@@ -207,6 +208,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         phosphor.CROSSED_OUT)
     p.set_defaults(_build=_build_phosphor)
 
+    p = _sub(sub, "mdi", mdi, "@iconify-json/mdi npm package → MDI-LT (Material Design Icons, natural tail)")
+    p.add_argument("--root", type=Path, required=True, metavar="DIR",
+                   help="folder holding @iconify-json/mdi/, e.g. DIR/node_modules after "
+                        "`npm install --prefix DIR @iconify-json/mdi@1.2.3` (required)")
+    p.add_argument("--family-fraction", type=float, default=1.0, metavar="F",
+                   help="keep this share of each category's icon families (a seeded draw) for a smaller set with "
+                        "about the same tail (default 1: all 3980 icons filed under one category)")
+    _icon_set_arguments(p, "drop categories with fewer icons (default 8)", "-outline / -off")
+    p.set_defaults(_build=_build_mdi)
+
     p = _sub(sub, "synthetic", synthetic, "procedural long-tailed shapes, via an iNat-2018-style tree")
     p.add_argument("--classes", type=int, default=10, metavar="N",
                    help="number of classes, 2..384; half known (default 10)")
@@ -282,6 +293,13 @@ def _build_phosphor(args: argparse.Namespace, **kw: object) -> Manifest:
                                      min_icons=args.min_icons, test_fraction=args.test_fraction,
                                      min_test=args.min_test, render_size=args.render_size)
     return phosphor.build(config, args.out, **kw)
+
+
+def _build_mdi(args: argparse.Namespace, **kw: object) -> Manifest:
+    config = mdi.MdiConfig(root=args.root, seed=args.seed, min_icons=args.min_icons,
+                           family_fraction=args.family_fraction, test_fraction=args.test_fraction,
+                           min_test=args.min_test, render_size=args.render_size)
+    return mdi.build(config, args.out, **kw)
 
 
 def _build_synthetic(args: argparse.Namespace, **kw: object) -> Manifest:
