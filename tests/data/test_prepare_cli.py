@@ -11,7 +11,7 @@ from ncdlr.data.manifest import read_manifest
 from tests.fixtures.datasets import INAT_CATEGORIES
 
 DATASETS = ("inat18", "herbarium19", "cifar100-lt", "imagenet100-lt", "fashion-mnist", "openclipart", "emoji",
-            "tabler", "phosphor", "synthetic")
+            "tabler", "phosphor", "mdi", "synthetic")
 
 
 def test_prepare_help_lists_every_dataset(capsys: pytest.CaptureFixture[str]) -> None:

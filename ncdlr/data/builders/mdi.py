@@ -24,7 +24,10 @@ it). A family whose icons sit in two categories is drawn and held out with its b
 icon's), each icon keeping its own label.
 
 Measured on @iconify-json/mdi 1.2.3 (7638 drawings, 7447 shown; 5388 in a category, 3980 in exactly one, in 60
-categories, 2862 families): see docs/datasets.md for the sizes the defaults and ``family_fraction`` give.
+categories, 2862 families), the defaults: 55 classes (5 categories under 8 icons dropped), 3962 images (the largest
+class ``Home Automation``, 380 icons); seed 0 gives 28 known classes with 312 → 9 training images and 27 novel with
+167 → 7 (1873 known, 1302 novel and 787 test images). 13 s of wall time beside the test suite on 2 cores, 3.4 MB of
+PNGs. ``family_fraction`` 0.5 gives 52 classes and 1975 images, 0.4 44 classes and 1519.
 
 Images: each icon's SVG (its body in an ``<svg>`` of its grid) rendered by resvg (``common.render``, as Tabler-LT's)
 on a transparent ``render_size``-px canvas, cropped to the bounding box of its drawn pixels, flattened onto white
