@@ -84,8 +84,9 @@ def base_settings(args: argparse.Namespace) -> list:
     from ncdlr.service.config import args_settings, yaml_settings
     from ncdlr.service.entry import feature_table_settings
 
-    return ((yaml_settings(args.config) if args.config else []) + feature_table_settings(args.features, args.config)
-            + args_settings(args))
+    overrides = args_settings(args)
+    return ((yaml_settings(args.config) if args.config else [])
+            + feature_table_settings(args.features, args.config, overrides) + overrides)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,7 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="feature-table mode: parquet with embedding/label/split (local or s3://); "
                              "trains the head on these embeddings (encoder 'identity', head 'mlp' unless set). "
                              "An activation cache (ncdlr embed --trainable-blocks B) trains the encoder's last "
-                             "B blocks and the head on two different cached crops per image")
+                             "B blocks and the head on two different cached crops per image; without --config, "
+                             "ncdlr labels a cache's novel rows with relaxed cluster sizes on a short buffer "
+                             "(labeler.prior uniform, reg_m 0.45, relax_bound known, buffer_epochs 0.2; "
+                             "--labeler.* flags override)")
     parser.add_argument("--output", metavar="DIR", default=None, help="run directory (metrics.json at its top)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show Ray's own output (worker logs, reports, checkpoints) and full tracebacks")
@@ -48,10 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):
     """The run's Config from the command line (YAML, these flags, then the overrides; each value parsed once)."""
-    from ncdlr.service.config import Setting
+    from ncdlr.service.config import Setting, args_settings
     from ncdlr.service.entry import config_from_args, feature_table_settings
 
-    settings = feature_table_settings(args.features, args.config)
+    settings = feature_table_settings(args.features, args.config, args_settings(args))
     if args.output:
         settings.append(Setting("run.output", args.output))
     if args.verbose:

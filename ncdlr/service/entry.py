@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .config import Config, Setting, args_settings, resolve, yaml_settings
@@ -27,14 +27,21 @@ def config_from_args(args, *, default_file: str | Path | None = None, settings: 
     return resolve((yaml_settings(path) if path else []) + list(settings) + args_settings(args))
 
 
-def feature_table_settings(features: str | None, config: str | None) -> list[Setting]:
+def feature_table_settings(features: str | None, config: str | None, overrides: Sequence[Setting] = ()
+                           ) -> list[Setting]:
     """What ``--features URI`` says: the table, and for a bare table (no config file) a head trained on its
-    embeddings (encoder ``identity``, head ``mlp``); an activation cache's encoder is read from the table."""
+    embeddings (encoder ``identity``, head ``mlp``); an activation cache's encoder is read from the table, and a bare
+    one also sets ncdlr's labeler (:func:`~ncdlr.service.bare_cache.bare_cache_settings`, which reads the table).
+    ``overrides``: the command line's settings, which come after these and win (the method and the S3 endpoint
+    are read from them)."""
     if not features:
         return []
     settings = [Setting("data.features", features)]
     if not config:
+        from .bare_cache import bare_cache_settings
+
         settings += [Setting("model.encoder", "identity"), Setting("model.head", "mlp")]
+        settings += bare_cache_settings(features, overrides)
     return settings
 
 
