@@ -211,7 +211,24 @@ _MINIMUM: dict[str, float] = {"run.checkpoint_every_s": 0.0, "data.epochs_per_ex
                               "optim.known_warmup_epochs": 0.0, "optim.mixup": 0.0,
                               "optim.average_epochs": 0.0, "optim.teacher_epochs": 0.0, "model.heads": 1,
                               "method.task_weight": 0.0, "method.known_reweight": 0.0,
-                              "method.novel_reweight": 0.0}  #: numeric keys with a lower bound
+                              "method.novel_reweight": 0.0,
+                              # counts and sizes: a run needs at least one of each (-1 = all blocks / Ray's retry
+                              # forever where the key says so; 0 = off / from the data where it says so)
+                              "optim.epochs": 1, "data.batch_size": 1, "data.eval_batch_size": 1,
+                              "data.image_size": 1, "data.max_steps_per_epoch": 0, "data.feature_noise": 0.0,
+                              "model.trainable_blocks": -1, "model.head_dim": 0, "model.feature_dim": 0,
+                              "model.cached_blocks": 0, "model.prototype_seed": 0, "labeler.n_iters": 1,
+                              "labeler.outer_steps": 1, "labeler.buffer_size": 1, "labeler.lr": 0.0,
+                              "optim.min_lr": 0.0, "optim.weight_decay": 0.0, "optim.warmup_epochs": 0.0,
+                              "optim.alpha": 0.0, "run.num_workers": 1, "run.seed": 0, "run.max_failures": -1,
+                              "run.checkpoints_to_keep": 1, "run.log_every": 0, "method.topk": 1,
+                              "method.consistency": 0.0, "method.crt_epochs": 0}  #: numeric keys with a lower bound
+#: numeric keys that must be above a bound (a step size, a temperature, a share of a CPU): key → (low, high or None),
+#: ``low < value`` and, with a high, ``value <= high`` (``value < high`` for the momentum)
+_OPEN_RANGE: dict[str, tuple[float, float | None]] = {"labeler.eps": (0.0, None), "labeler.gamma": (0.0, None),
+                                                      "optim.lr": (0.0, None), "method.temperature": (0.0, None),
+                                                      "run.cpus_per_worker": (0.0, None),
+                                                      "data.crop_scale_min": (0.0, 1.0)}
 
 
 def _as_share(text: str) -> float:
@@ -224,6 +241,13 @@ def _as_share(text: str) -> float:
 def _check_choice(key: str, value: Any) -> None:
     if key in _MINIMUM and value < _MINIMUM[key]:
         raise ConfigError(f"config key {key!r}: must be >= {_MINIMUM[key]:g}, got {value!r}")
+    if key in _OPEN_RANGE:
+        low, high = _OPEN_RANGE[key]
+        if not value > low or (high is not None and value > high):
+            span = f"in ({low:g}, {high:g}]" if high is not None else f"> {low:g}"
+            raise ConfigError(f"config key {key!r}: must be {span}, got {value!r}")
+    if key == "labeler.momentum" and not 0 <= value < 1:
+        raise ConfigError(f"config key {key!r}: must be in [0, 1) (SGD momentum of t), got {value!r}")
     if key == "labeler.size_floor":
         if value not in ("none", "known") and not 0 < _as_share(value) <= 1:
             raise ConfigError(f"config key {key!r}: expected 'none', 'known' or a share in (0, 1], got {value!r}")

@@ -159,3 +159,35 @@ def test_the_relaxations_warm_up_must_leave_relaxed_epochs_and_be_non_negative()
         load_config(None, relaxed + ["--labeler.relax_after_epochs", "-1"])
     with pytest.raises(ConfigError, match="holds the cluster sizes for all 1 epochs of self-labeling"):
         load_config(None, relaxed + ["--epochs", "2", "--known-warmup-epochs", "1", "--labeler.relax_after_epochs", "1"])
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--epochs", "0", "'optim.epochs': must be >= 1, got 0"),
+    ("--epochs", "-1", "'optim.epochs': must be >= 1, got -1"),
+    ("--batch-size", "0", "'data.batch_size': must be >= 1"),
+    ("--num-workers", "0", "'run.num_workers': must be >= 1"),
+    ("--buffer-size", "-5", "'labeler.buffer_size': must be >= 1"),
+    ("--labeler.n_iters", "0", "'labeler.n_iters': must be >= 1"),
+    ("--model.trainable_blocks", "-2", "'model.trainable_blocks': must be >= -1"),
+    ("--run.checkpoints_to_keep", "0", "'run.checkpoints_to_keep': must be >= 1"),
+    ("--seed", "-1", "'run.seed': must be >= 0"),
+    ("--labeler.eps", "0", "'labeler.eps': must be > 0"),
+    ("--optim.lr", "-0.001", "'optim.lr': must be > 0"),
+    ("--method.temperature", "0", "'method.temperature': must be > 0"),
+    ("--data.crop_scale_min", "1.5", r"'data.crop_scale_min': must be in \(0, 1\]"),
+    ("--labeler.momentum", "1", r"'labeler.momentum': must be in \[0, 1\)"),
+])
+def test_a_count_size_or_step_out_of_range_is_refused_naming_the_key(flag, value, message):
+    """Before: ``--epochs 0`` or ``-1`` started Ray, trained nothing and failed on a missing checkpoint after
+    writing a run directory; ``--batch-size 0`` failed deep in the loader. Now each is one ConfigError at resolve."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [flag, value])
+
+
+@pytest.mark.parametrize("flag, value", [("--model.trainable_blocks", "-1"), ("--run.max_failures", "-1"),
+                                         ("--labeler.init_t", "-2"), ("--data.crop_scale_min", "1"),
+                                         ("--labeler.momentum", "0"), ("--run.log_every", "0")])
+def test_the_documented_special_values_at_the_bounds_stay_accepted(flag, value):
+    """-1 = all blocks (trainable_blocks) and Ray's retry-forever (max_failures); t is any real; a crop may cover the
+    whole image; 0 momentum and no progress lines are plain settings."""
+    load_config(None, [flag, value])
