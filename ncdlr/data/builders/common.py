@@ -309,6 +309,23 @@ def skip_report(skipped: Sequence[SkippedImage]) -> dict[str, Any]:
     }
 
 
+def icon_set_extra(config: Any, families: str, small: dict[str, int], skipped: Sequence[SkippedImage]
+                   ) -> dict[str, Any]:
+    """The manifest ``extra`` entries every icon set writes (Tabler-LT, Phosphor-LT, MDI-LT): the class-size floor,
+    the test rule (``families`` says what one icon family holds), the classes dropped as too small, how the SVGs were
+    rendered and the drawings skipped. ``config`` has ``min_icons``, ``min_test``, ``test_fraction`` and
+    ``render_size``."""
+    return {
+        "min_icons": config.min_icons,
+        "test_rule": f"max({config.min_test}, round({config.test_fraction} * n)) icon families per class, seeded; "
+                     f"{families}",
+        "dropped_small_classes": small,
+        "image_encoding": f"PNG; SVG rendered by resvg at {config.render_size} px, cropped to content, flattened "
+                          "onto white",
+        "skipped_images": skip_report(skipped),
+    }
+
+
 @dataclass
 class Plan:
     """Everything a build will write, decided before the first byte is written.

@@ -51,11 +51,11 @@ from ncdlr.data.builders.common import (
     class_hold_out,
     class_table,
     convert_styled,
+    icon_set_extra,
     natural_imbalance,
     read_json_index,
     render,
     seeded_rng,
-    skip_report,
     split_large_classes,
     split_order,
     write_plan,
@@ -256,15 +256,9 @@ def plan(config: MdiConfig, *, progress: bool = True) -> Plan:
             "class_rule": "metadata.json category of icons filed under exactly one; hidden icons, aliases and icons "
                           "in several categories left out; classes < min_icons icons dropped",
             "left_out_icons": left_out,
-            "min_icons": config.min_icons,
             "family_fraction": config.family_fraction,
-            "test_rule": f"max({config.min_test}, round({config.test_fraction} * n)) icon families per class, seeded; "
-                         f"an icon and its {' / '.join(repr(v) for v in VARIANTS)} variants in the same split, held "
-                         "out with the base icon's class",
-            "dropped_small_classes": small,
-            "image_encoding": f"PNG; SVG rendered by resvg at {config.render_size} px, cropped to content, "
-                              "flattened onto white",
-            "skipped_images": skip_report(skipped),
+            **icon_set_extra(config, f"an icon and its {' / '.join(repr(v) for v in VARIANTS)} variants in the same "
+                             "split, held out with the base icon's class", small, skipped),
         },
     )
     return Plan(classes=classes, rows=split_order(records, config.seed), info=info, skipped=skipped)

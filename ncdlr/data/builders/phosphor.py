@@ -53,8 +53,8 @@ from ncdlr.data.builders.common import (
     class_table,
     convert_styled,
     convert_svg,
+    icon_set_extra,
     natural_imbalance,
-    skip_report,
     split_large_classes,
     split_order,
     write_plan,
@@ -293,14 +293,8 @@ def plan(config: PhosphorConfig, *, progress: bool = True) -> Plan:
             "class_rule": f"figma_category text (dist/icons.d.ts, enum {ENUM} of dist/types.d.ts); classes < "
                           "min_icons icons drawn in every style dropped",
             "styles": list(styles),
-            "min_icons": config.min_icons,
-            "test_rule": f"max({config.min_test}, round({config.test_fraction} * n)) icon families per class, seeded; "
-                         f"an icon and its '{CROSSED_OUT}' variant in the same split, held out with the base icon's "
-                         "class",
-            "dropped_small_classes": small,
-            "image_encoding": f"PNG; SVG rendered by resvg at {config.render_size} px, cropped to content, "
-                              "flattened onto white",
-            "skipped_images": skip_report(skipped),
+            **icon_set_extra(config, f"an icon and its '{CROSSED_OUT}' variant in the same split, held out with the "
+                             "base icon's class", small, skipped),
         },
     )
     return Plan(classes=classes, rows=split_order(records, config.seed), info=info, skipped=skipped)

@@ -46,9 +46,9 @@ from ncdlr.data.builders.common import (
     class_table,
     convert_styled,
     convert_svg,
+    icon_set_extra,
     natural_imbalance,
     read_json_index,
-    skip_report,
     split_large_classes,
     split_order,
     write_plan,
@@ -158,13 +158,7 @@ def plan(config: TablerConfig, *, progress: bool = True) -> Plan:
             "class_rule": "icons.json category; icons without one left out; classes < min_icons icons drawn in every "
                           "style dropped",
             "styles": list(styles),
-            "min_icons": config.min_icons,
-            "test_rule": f"max({config.min_test}, round({config.test_fraction} * n)) icon families per class, seeded; "
-                         f"an icon and its '{CROSSED_OUT}' variant in the same split",
-            "dropped_small_classes": small,
-            "image_encoding": f"PNG; SVG rendered by resvg at {config.render_size} px, cropped to content, "
-                              "flattened onto white",
-            "skipped_images": skip_report(skipped),
+            **icon_set_extra(config, f"an icon and its '{CROSSED_OUT}' variant in the same split", small, skipped),
         },
     )
     return Plan(classes=classes, rows=split_order(records, config.seed), info=info, skipped=skipped)
