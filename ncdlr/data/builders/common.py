@@ -309,6 +309,14 @@ def skip_report(skipped: Sequence[SkippedImage]) -> dict[str, Any]:
     }
 
 
+def icon_family(name: str, variants: Sequence[str]) -> str:
+    """The icon ``name`` redraws: ``name`` with its variant suffixes stripped, repeatedly (``bell`` for
+    ``bell-off-outline`` with ``("-outline", "-off")``); a name that is only a suffix stays as it is."""
+    while stripped := next((name[: -len(s)] for s in variants if name.endswith(s) and len(name) > len(s)), None):
+        name = stripped
+    return name
+
+
 def icon_set_extra(config: Any, families: str, small: dict[str, int], skipped: Sequence[SkippedImage]
                    ) -> dict[str, Any]:
     """The manifest ``extra`` entries every icon set writes (Tabler-LT, Phosphor-LT, MDI-LT): the class-size floor,

@@ -51,6 +51,7 @@ from ncdlr.data.builders.common import (
     class_hold_out,
     class_table,
     convert_styled,
+    icon_family,
     icon_set_extra,
     natural_imbalance,
     read_json_index,
@@ -95,10 +96,7 @@ class Icon:
     @property
     def family(self) -> str:
         """The icon it redraws: ``bell`` for ``bell-off-outline``, ``bell-outline``, ``bell-off`` and ``bell``."""
-        name = self.name
-        while stripped := next((name[: -len(s)] for s in VARIANTS if name.endswith(s) and len(name) > len(s)), None):
-            name = stripped
-        return name
+        return icon_family(self.name, VARIANTS)
 
 
 def package_dir(root: Path) -> Path:

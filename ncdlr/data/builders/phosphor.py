@@ -53,6 +53,7 @@ from ncdlr.data.builders.common import (
     class_table,
     convert_styled,
     convert_svg,
+    icon_family,
     icon_set_extra,
     natural_imbalance,
     split_large_classes,
@@ -102,7 +103,7 @@ class Icon:
     @property
     def family(self) -> str:
         """The icon it varies: ``bell`` for ``bell-slash`` (and for ``bell``)."""
-        return self.name[: -len(CROSSED_OUT)] if self.name.endswith(CROSSED_OUT) else self.name
+        return icon_family(self.name, (CROSSED_OUT,))
 
 
 def package_dir(root: Path) -> Path:
