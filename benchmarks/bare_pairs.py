@@ -1,0 +1,219 @@
+"""The bare cache command's arms over paired seeds: run ``ncdlr train --features CACHE --seed S [FLAGS]``, read them.
+
+Sessions 62–69 compared labelers of the bare activation-cache command (no ``--config``) against UNO's bare command
+(``--method.name uno`` alone) this way, from scripts that lived outside the repository. This is that protocol as
+one command, so a reading in docs/results.md names a command that still exists:
+
+- **run** (default): for each seed in turn (seed-major, so a stopped campaign leaves whole seeds), every arm's
+  ``ncdlr train --features CACHE --seed S --model.head mlp FLAGS --output OUT/ARM-sS`` as a subprocess, ``--parallel``
+  at a time; a run whose ``metrics.json`` exists is not run again (resumable); ``--no-start-after HH:MM`` (UTC) is a
+  registered deadline: no run starts after it. Each run's console goes to ``OUT/ARM-sS.log``.
+- **read** (``--read-only``, and after a run): over the seeds every arm finished, per arm the novel and known
+  class-mean accuracy (%) per seed, mean ± std, novel head / medium / tail; each arm against ``--baseline`` (paired by
+  seed: mean gap and its SE, ``std(d, ddof=1) / sqrt(S)``); and issue 14's goal for each arm against the baseline
+  (``scoreboard.goal_status``: gap ≥ 5 and above two SEs, known no more than 2 below, novel seed std ≤ 2, ddof 0).
+
+    .venv/bin/python benchmarks/bare_pairs.py --features /work/cache/phosphor-lite0-128-b1-v8 \\
+        --arm bare= --arm "uno=--method.name uno" --seeds 0-4 --parallel 2 --out runs/bare-phosphor
+
+Nothing is timed: runs share the machine and their wall time is printed only as a record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE)]
+
+from scoreboard import goal_status  # noqa: E402  (issue 14's goal, as the configs' scoreboard reads it)
+
+GROUPS = ("head", "medium", "tail")  #: the novel classes' groups by training count (3:4:3), as metrics.json has them
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: its name (the run folders' prefix) and the ``ncdlr train`` flags it adds to the bare command."""
+
+    name: str
+    flags: tuple[str, ...]
+
+
+def parse_arm(text: str) -> Arm:
+    """``"uno=--method.name uno"`` → ``Arm("uno", ("--method.name", "uno"))``; ``"bare="`` is the bare command.
+    ValueError for a missing ``=``, an empty name or one that is not a plain folder name."""
+    name, sep, flags = text.partition("=")
+    name = name.strip()
+    if not sep or not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"--arm takes NAME=FLAGS with a plain name (letters, digits, - and _), got {text!r}")
+    return Arm(name, tuple(shlex.split(flags)))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-4"`` → ``[0, 1, 2, 3, 4]``, ``"0,2,5"`` → ``[0, 2, 5]``; ValueError for anything else or a repeated or
+    negative seed."""
+    try:
+        if "-" in text:
+            lo, hi = (int(part) for part in text.split("-", 1))
+            seeds = list(range(lo, hi + 1))
+        else:
+            seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds takes A-B or a comma list of integers, got {text!r}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds needs distinct seeds ≥ 0, got {text!r}")
+    return seeds
+
+
+def run_dir(out: Path, arm: Arm, seed: int) -> Path:
+    return out / f"{arm.name}-s{seed}"
+
+
+def train_command(features: str, arm: Arm, seed: int, out: Path, python: str = sys.executable) -> list[str]:
+    """One run: ``python -m ncdlr.cli train --features … --seed S --model.head mlp FLAGS --output …``.
+    The ``mlp`` head is what the bare cache command trains anyway (stated, so the run's config names it)."""
+    return [python, "-m", "ncdlr.cli", "train", "--features", features, "--seed", str(seed), "--model.head", "mlp",
+            *arm.flags, "--output", str(run_dir(out, arm, seed))]
+
+
+def past(deadline: str | None, now: datetime | None = None) -> bool:
+    """Whether UTC ``now`` is after ``deadline`` (``"HH:MM"``, today); False without one. ValueError for a time
+    that is not ``HH:MM`` on a 24-hour clock."""
+    if deadline is None:
+        return False
+    try:
+        hour, minute = (int(part) for part in deadline.split(":"))
+    except ValueError:
+        raise ValueError(f"--no-start-after takes HH:MM (UTC), got {deadline!r}") from None
+    if not (0 <= hour < 24 and 0 <= minute < 60):
+        raise ValueError(f"--no-start-after takes HH:MM (UTC), got {deadline!r}")
+    now = now or datetime.now(timezone.utc)
+    return (now.hour, now.minute) > (hour, minute)
+
+
+def run_all(features: str, arms: list[Arm], seeds: list[int], out: Path, parallel: int, deadline: str | None) -> int:
+    """Seed-major, ``parallel`` runs at a time; prints one line a run. The number of runs that failed."""
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+
+    def one(arm: Arm, seed: int) -> int:
+        folder = run_dir(out, arm, seed)
+        if (folder / "metrics.json").is_file():
+            print(f"{folder.name}: done before, kept", flush=True)
+            return 0
+        if past(deadline):
+            print(f"{folder.name}: not started (after the deadline {deadline} UTC)", flush=True)
+            return 0
+        start = time.monotonic()
+        with open(out / f"{folder.name}.log", "w") as log:
+            code = subprocess.run(train_command(features, arm, seed, out), stdout=log, stderr=subprocess.STDOUT,
+                                  cwd=ROOT).returncode
+        print(f"{folder.name}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
+        return int(code != 0)
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        for seed in seeds:
+            failed += sum(pool.map(lambda arm: one(arm, seed), arms))
+    return failed
+
+
+def read_runs(out: Path, arms: list[Arm], seeds: list[int]) -> tuple[list[int], dict[str, dict[int, dict]]]:
+    """``(paired seeds, {arm: {seed: metrics.json}})`` over the seeds every arm finished."""
+    found = {arm.name: {s: json.loads((run_dir(out, arm, s) / "metrics.json").read_text()) for s in seeds
+                        if (run_dir(out, arm, s) / "metrics.json").is_file()} for arm in arms}
+    paired = [s for s in seeds if all(s in found[arm.name] for arm in arms)]
+    return paired, {name: {s: runs[s] for s in paired} for name, runs in found.items()}
+
+
+def mean_std(values: list[float], ddof: int = 1) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - ddof)) if n > ddof else float("nan")
+    return mean, std
+
+
+def paired(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Mean of ``a[i] − b[i]`` and its SE ``std(d, ddof=1) / sqrt(n)`` (points)."""
+    mean, std = mean_std([x - y for x, y in zip(a, b)])
+    return mean, std / math.sqrt(len(a))
+
+
+def render(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str) -> str:
+    """The Markdown reading of :func:`read_runs`' result (accuracies in %)."""
+    def pct(arm: str, key: str) -> list[float]:
+        return [100 * float(runs[arm][s][key]) for s in seeds]
+
+    lines = [f"seeds read (finished by every arm): {', '.join(map(str, seeds))}", "",
+             "| seed | " + " | ".join(f"{arm} novel / known" for arm in runs) + " |",
+             "|---|" + "---|" * len(runs)]
+    for s in seeds:
+        lines.append(f"| {s} | " + " | ".join(f"{100 * runs[arm][s]['novel']:.1f} / {100 * runs[arm][s]['known']:.1f}"
+                                             for arm in runs) + " |")
+    lines += ["", "| arm | novel mean ± std (ddof 1) | known mean ± std | novel head / medium / tail | "
+              f"novel − {baseline} (SE) | known − {baseline} (SE) | issue 14's goal against {baseline} |",
+              "|---|---|---|---|---|---|---|"]
+    for arm in runs:
+        novel, known = pct(arm, "novel"), pct(arm, "known")
+        groups = " / ".join(f"{mean_std(pct(arm, f'novel_{g}'))[0]:.1f}" for g in GROUPS)
+        if arm == baseline or len(seeds) < 2:
+            versus = ("", "", "")
+        else:
+            gap, se = paired(novel, pct(baseline, "novel"))
+            known_gap, known_se = paired(known, pct(baseline, "known"))
+            goal = goal_status(gap, se, mean_std(known)[0], mean_std(pct(baseline, "known"))[0], mean_std(novel, 0)[1])
+            versus = (f"{gap:+.2f} ({se:.2f})", f"{known_gap:+.2f} ({known_se:.2f})", goal)
+        lines.append(f"| {arm} | {mean_std(novel)[0]:.2f} ± {mean_std(novel)[1]:.2f} | "
+                     f"{mean_std(known)[0]:.2f} ± {mean_std(known)[1]:.2f} | {groups} | " + " | ".join(versus) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--features", required=True, help="the activation cache (an `ncdlr embed` table)")
+    parser.add_argument("--arm", action="append", dest="arms", metavar="NAME=FLAGS",
+                        help="an arm: its folder name and the flags it adds (repeat); default: bare= and "
+                             "'uno=--method.name uno'")
+    parser.add_argument("--baseline", default=None, help="the arm every other is paired against (default: the last)")
+    parser.add_argument("--seeds", default="0-2", help="A-B or a comma list (default 0-2)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2: two cores)")
+    parser.add_argument("--out", required=True, type=Path, help="folder of the runs (ARM-sS) and their logs")
+    parser.add_argument("--no-start-after", default=None, metavar="HH:MM", help="UTC time after which no run starts")
+    parser.add_argument("--read-only", action="store_true", help="read the runs in --out; train nothing")
+    args = parser.parse_args(argv)
+    try:
+        arms = [parse_arm(text) for text in (args.arms or ["bare=", "uno=--method.name uno"])]
+        seeds = parse_seeds(args.seeds)
+        if args.parallel < 1:
+            raise ValueError(f"--parallel must be ≥ 1, got {args.parallel}")
+        if len({arm.name for arm in arms}) != len(arms):
+            raise ValueError("two arms share a name")
+        baseline = args.baseline or arms[-1].name
+        if baseline not in {arm.name for arm in arms}:
+            raise ValueError(f"--baseline {baseline!r} is not an arm ({', '.join(arm.name for arm in arms)})")
+        if args.no_start_after is not None:
+            past(args.no_start_after)  # a malformed time fails here, before any run
+    except ValueError as err:
+        parser.error(str(err))
+    failed = 0 if args.read_only else run_all(args.features, arms, seeds, args.out, args.parallel, args.no_start_after)
+    paired_seeds, runs = read_runs(args.out, arms, seeds)
+    if not paired_seeds:
+        print(f"no seed finished by every arm in {args.out}", file=sys.stderr)
+        return 1
+    print(render(paired_seeds, runs, baseline))
+    return int(failed > 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
