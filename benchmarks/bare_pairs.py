@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -137,10 +138,9 @@ def read_runs(out: Path, arms: list[Arm], seeds: list[int]) -> tuple[list[int], 
 
 
 def mean_std(values: list[float], ddof: int = 1) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - ddof)) if n > ddof else float("nan")
-    return mean, std
+    """Mean and std (``ddof`` 1: the sample std, 0: the population std; NaN where it is undefined)."""
+    std = statistics.stdev if ddof else statistics.pstdev
+    return statistics.fmean(values), std(values) if len(values) > ddof else float("nan")
 
 
 def paired(a: list[float], b: list[float]) -> tuple[float, float]:
