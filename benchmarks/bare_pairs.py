@@ -12,6 +12,12 @@ one command, so a reading in docs/results.md names a command that still exists:
   class-mean accuracy (%) per seed, mean ± std, novel head / medium / tail; each arm against ``--baseline`` (paired by
   seed: mean gap and its SE, ``std(d, ddof=1) / sqrt(S)``); and issue 14's goal for each arm against the baseline
   (``scoreboard.goal_status``: gap ≥ 5 and above two SEs, known no more than 2 below, novel seed std ≤ 2, ddof 0).
+- **the test split** (where every read run kept its ``predictions.parquet``): per arm, the split's *resolution* —
+  the binomial SE of a novel class-mean accuracy on this many test images a class (``seed_spread.resolution``),
+  what one model's score would move on another split of the same size, so a seed std near it is the split's, not
+  the training's; and each arm's gap to the baseline with the *test-split SE* beside the seeds' SE
+  (``seed_spread.paired_gap``: a bootstrap of each novel class's test images, the runs' correctness held), which
+  more seeds do not shrink.
 
     .venv/bin/python benchmarks/bare_pairs.py --features /work/cache/phosphor-lite0-128-b1-v8 \\
         --arm bare= --arm "uno=--method.name uno" --seeds 0-4 --parallel 2 --out runs/bare-phosphor
@@ -137,6 +143,58 @@ def read_runs(out: Path, arms: list[Arm], seeds: list[int]) -> tuple[list[int], 
     return paired, {name: {s: runs[s] for s in paired} for name, runs in found.items()}
 
 
+def read_predictions(out: Path, arms: list[Arm], seeds: list[int]) -> tuple[object, dict[str, list], int] | None:
+    """``(y_true [N], {arm: [y_pred [N] per seed]}, Ks)`` from the runs' ``predictions.parquet`` (the test split,
+    rows put in ``source_id`` order so that seeds line up image by image; ``Ks`` the known classes, from the file's
+    ``ncdlr_report`` metadata), or None if a run lacks the file. ValueError if two runs did not predict the same test
+    images with the same labels."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    y_true, preds = None, {}
+    for arm in arms:
+        preds[arm.name] = []
+        for seed in seeds:
+            path = run_dir(out, arm, seed) / "predictions.parquet"
+            if not path.is_file():
+                return None
+            table = pq.read_table(path, columns=["source_id", "y_true", "y_pred"])
+            report = json.loads(pq.read_schema(path).metadata[b"ncdlr_report"])
+            table = table.sort_by("source_id")
+            truth = np.asarray(table["y_true"])
+            if y_true is None:
+                y_true, ids, num_known = truth, table["source_id"], int(report["num_known"])
+            elif not (table["source_id"].equals(ids) and np.array_equal(truth, y_true)):
+                raise ValueError(f"{path} predicts other test images than {arms[0].name}-s{seeds[0]}")
+            preds[arm.name].append(np.asarray(table["y_pred"]))
+    return y_true, preds, num_known
+
+
+def render_test_split(y_true, preds: dict[str, list], num_known: int, baseline: str) -> str:
+    """The test split's lines (%): per arm the novel accuracy's resolution, and its gap to ``baseline`` with the
+    seeds' SE, the test split's SE and both together (:func:`seed_spread.paired_gap`)."""
+    import numpy as np
+    from seed_spread import paired_gap, per_class_accuracy, resolution
+
+    from ncdlr.metrics import correct_under_matching
+
+    novel = [int(c) for c in np.unique(y_true) if c >= num_known]
+    sizes = [int((y_true == c).sum()) for c in novel]
+    lines = [f"the test split: {len(novel)} novel classes, {sum(sizes)} images ({min(sizes)}–{max(sizes)} a class)", "",
+             f"| arm | novel resolution (binomial SE) | novel − {baseline}: seeds' SE | test split's SE | both |",
+             "|---|---|---|---|---|"]
+    for arm, runs in preds.items():
+        correct = np.stack([correct_under_matching(y_true, pred) for pred in runs])  # [S, N]
+        res = resolution(per_class_accuracy(correct, y_true, novel) * 100, y_true, novel)
+        cells = ["", "", ""]
+        if arm != baseline and len(runs) >= 2:
+            gap = paired_gap(y_true, num_known, [{"test_pred": p} for p in runs],
+                             [{"test_pred": p} for p in preds[baseline]])
+            cells = [f"{gap['gap']:+.2f} ({gap['seed_se']:.2f})", f"{gap['sample_se']:.2f}", f"{gap['total_se']:.2f}"]
+        lines.append(f"| {arm} | {res:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def mean_std(values: list[float], ddof: int = 1) -> tuple[float, float]:
     """Mean and std (``ddof`` 1: the sample std, 0: the population std; NaN where it is undefined)."""
     std = statistics.stdev if ddof else statistics.pstdev
@@ -212,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no seed finished by every arm in {args.out}", file=sys.stderr)
         return 1
     print(render(paired_seeds, runs, baseline))
+    found = read_predictions(args.out, arms, paired_seeds)
+    if found is not None:
+        print("\n" + render_test_split(*found, baseline))
     return int(failed > 0)
 
 

@@ -83,6 +83,16 @@ def per_class_accuracy(correct: np.ndarray, y_true: np.ndarray, classes: list[in
     return np.stack([correct[:, y_true == c].mean(1) for c in classes], axis=1)
 
 
+def resolution(per_class: np.ndarray, y_true: np.ndarray, classes: list[int]) -> float:
+    """What the test split can resolve of a class-mean accuracy, in points: the binomial standard error
+    ``100 · sqrt(Σ_c p_c (1 − p_c) / n_c) / C``, with ``p_c`` class ``c``'s accuracy averaged over the seeds
+    (``per_class [S, C]`` in %, as :func:`per_class_accuracy` × 100) and ``n_c`` its test images in ``y_true [N]``
+    — how far one model's score would move on another test split of the same size, whatever the model."""
+    p = np.asarray(per_class).mean(0) / 100
+    counts = np.array([(np.asarray(y_true) == c).sum() for c in classes])
+    return float(100 * np.sqrt((p * (1 - p) / counts).sum()) / len(classes))
+
+
 def carried_correct(y_true: np.ndarray, test_pred, num_known: int, train_novel_labels: np.ndarray,
                     train_novel_pred) -> np.ndarray:
     """``[N]`` bool: test predictions ``test_pred [N]`` (over all K columns) scored with the cluster names fitted on
@@ -124,9 +134,7 @@ def spread(y_true: np.ndarray, train_counts: list[int], num_known: int, cells: l
         acc = per_class[:, [index[c] for c in members]].mean(1)
         cov = np.mean((acc - acc.mean()) * (novel - novel.mean()))
         out[f"share_{name}"] = len(members) / len(novel_classes) * cov / novel.var() if novel.var() > 0 else float("nan")
-    p = per_class.mean(0) / 100
-    counts = np.array([(y_true == c).sum() for c in novel_classes])
-    out["resolution"] = 100 * np.sqrt((p * (1 - p) / counts).sum()) / len(novel_classes)
+    out["resolution"] = resolution(per_class, y_true, novel_classes)
     tail = np.isin(y_true, groups["tail"])
     novel_rows = y_true >= num_known
     pairs = list(itertools.combinations(range(len(cells)), 2))

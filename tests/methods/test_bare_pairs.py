@@ -99,3 +99,58 @@ def test_a_finished_run_is_kept_and_a_failing_one_is_counted_with_its_log(tmp_pa
     assert "bare-s0: done before, kept" in out and not (tmp_path / "bare-s0.log").exists()
     assert failed == 1 and "broken-s0: exit 2" in out
     assert "--no-such-flag" in (tmp_path / "broken-s0.log").read_text()
+
+
+def write_predictions(out: Path, arm: str, seed: int, y_true: list[int], y_pred: list[int], order=None) -> None:
+    """A run's ``predictions.parquet`` as ``ncdlr train`` writes it (the columns read and the report metadata),
+    rows in ``order`` (default as given) so that alignment by ``source_id`` is exercised."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    order = order or list(range(len(y_true)))
+    table = pa.table({"source_id": [f"img{i:02d}" for i in order], "y_true": [y_true[i] for i in order],
+                      "y_pred": [y_pred[i] for i in order]}).replace_schema_metadata(
+        {"ncdlr_report": json.dumps({"split": "test", "num_known": 2, "num_classes": 4})})
+    (out / f"{arm}-s{seed}").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out / f"{arm}-s{seed}" / "predictions.parquet")
+
+
+def test_the_test_split_reading_aligns_images_and_gives_its_resolution_and_the_gaps_test_split_se(tmp_path, capsys):
+    # known 0, 1 (three images each), novel 2 (four images) and 3 (two images); predictions are cluster ids that the
+    # Hungarian matching over all classes maps back (4 → 2, 5 → 3), so "right" is decided by the matching, as in a run.
+    y = [0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3]
+    known = [0, 0, 0, 1, 1, 1]
+    runs = {("bare", 0): known + [4, 4, 4, 5, 5, 5],   # novel 2: 3/4, novel 3: 2/2
+            ("bare", 1): known + [4, 4, 5, 5, 5, 5],   # 2/4, 2/2
+            ("uno", 0): known + [4, 4, 0, 0, 5, 0],    # 2/4, 1/2 (misses go to known columns, which keep their class)
+            ("uno", 1): known + [4, 0, 1, 0, 5, 1]}    # 1/4, 1/2
+    for (arm, seed), pred in runs.items():
+        write_predictions(tmp_path, arm, seed, y, pred, order=None if seed == 0 else list(reversed(range(12))))
+    y_true, preds, num_known = bare.read_predictions(tmp_path, [BARE, UNO], [0, 1])
+    assert num_known == 2 and y_true.tolist() == y
+    assert preds["bare"][1].tolist() == runs[("bare", 1)]  # seed 1's reversed rows put back in source_id order
+    text = bare.render_test_split(y_true, preds, num_known, "uno")
+    assert "2 novel classes, 6 images (2–4 a class)" in text
+    # resolution, bare: p = (0.625, 1.0) averaged over the seeds → 100·sqrt(0.625·0.375/4 + 0)/2
+    bare_row = next(line for line in text.splitlines() if line.startswith("| bare |"))
+    assert f"| {100 * math.sqrt(0.625 * 0.375 / 4) / 2:.2f} |" in bare_row
+    # per-seed gaps (class-mean, %): seed 0 (0.75+1)/2 − (0.5+0.5)/2 = 37.5, seed 1 (0.5+1)/2 − (0.25+0.5)/2 = 37.5;
+    # the test split's SE is > 0 (the images of class 2 differ between the arms), the seeds' is 0
+    assert "| +37.50 (0.00) |" in bare_row
+    split_se, both = (float(cell) for cell in bare_row.strip("| ").split(" | ")[3:])
+    assert split_se > 0 and both == pytest.approx(split_se, abs=0.01)
+    uno_row = next(line for line in text.splitlines() if line.startswith("| uno |"))
+    assert f"| {100 * math.sqrt(0.375 * 0.625 / 4 + 0.25 / 2) / 2:.2f} |" in uno_row
+    # a run predicting other images is refused; a run without the file leaves the reading out
+    write_predictions(tmp_path, "uno", 2, [3] + y[1:], runs[("uno", 0)])
+    write_predictions(tmp_path, "bare", 2, y, runs[("bare", 0)])
+    with pytest.raises(ValueError, match="other test images"):
+        bare.read_predictions(tmp_path, [BARE, UNO], [0, 2])
+    (tmp_path / "uno-s2" / "predictions.parquet").unlink()
+    assert bare.read_predictions(tmp_path, [BARE, UNO], [0, 2]) is None
+    # and the command prints it after the metrics table
+    for (arm, seed), pred in runs.items():
+        write_run_metrics = {"novel": 0.5, "known": 1.0, **{f"novel_{g}": 0.5 for g in bare.GROUPS}}
+        (tmp_path / f"{arm}-s{seed}" / "metrics.json").write_text(json.dumps(write_run_metrics))
+    assert bare.main(["--features", "unused", "--out", str(tmp_path), "--seeds", "0-1", "--read-only"]) == 0
+    assert "novel resolution (binomial SE)" in capsys.readouterr().out
