@@ -159,7 +159,7 @@ def read_predictions(out: Path, arms: list[Arm], seeds: list[int]) -> tuple[obje
             if not path.is_file():
                 return None
             table = pq.read_table(path, columns=["source_id", "y_true", "y_pred"])
-            report = json.loads(pq.read_schema(path).metadata[b"ncdlr_report"])
+            report = json.loads(table.schema.metadata[b"ncdlr_report"])
             table = table.sort_by("source_id")
             truth = np.asarray(table["y_true"])
             if y_true is None:
