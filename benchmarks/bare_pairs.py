@@ -19,6 +19,7 @@ one command, so a reading in docs/results.md names a command that still exists:
   (``seed_spread.paired_gap``: a bootstrap of each novel class's test images, the runs' correctness held), which
   more seeds do not shrink.
 
+    .venv/bin/python benchmarks/real_sets.py phosphor      # the set and its cache, from nothing
     .venv/bin/python benchmarks/bare_pairs.py --features /work/cache/phosphor-lite0-128-b1-v8 \\
         --arm bare= --arm "uno=--method.name uno" --seeds 0-4 --parallel 2 --out runs/bare-phosphor
 
