@@ -184,13 +184,13 @@ def render_test_split(y_true, preds: dict[str, list], num_known: int, baseline: 
     lines = [f"the test split: {len(novel)} novel classes, {sum(sizes)} images ({min(sizes)}–{max(sizes)} a class)", "",
              f"| arm | novel resolution (binomial SE) | novel − {baseline}: seeds' SE | test split's SE | both |",
              "|---|---|---|---|---|"]
+    # each run's test images scored once under its own matching: {arm: [S, N] bool}
+    correct = {arm: np.stack([correct_under_matching(y_true, pred) for pred in runs]) for arm, runs in preds.items()}
     for arm, runs in preds.items():
-        correct = np.stack([correct_under_matching(y_true, pred) for pred in runs])  # [S, N]
-        res = resolution(per_class_accuracy(correct, y_true, novel) * 100, y_true, novel)
+        res = resolution(per_class_accuracy(correct[arm], y_true, novel) * 100, y_true, novel)
         cells = ["", "", ""]
         if arm != baseline and len(runs) >= 2:
-            gap = paired_gap(y_true, num_known, [{"test_pred": p} for p in runs],
-                             [{"test_pred": p} for p in preds[baseline]])
+            gap = paired_gap(y_true, num_known, list(correct[arm]), list(correct[baseline]), correct=lambda row: row)
             cells = [f"{gap['gap']:+.2f} ({gap['seed_se']:.2f})", f"{gap['sample_se']:.2f}", f"{gap['total_se']:.2f}"]
         lines.append(f"| {arm} | {res:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
