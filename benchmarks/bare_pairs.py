@@ -18,10 +18,14 @@ one command, so a reading in docs/results.md names a command that still exists:
   the training's; and each arm's gap to the baseline with the *test-split SE* beside the seeds' SE
   (``seed_spread.paired_gap``: a bootstrap of each novel class's test images, the runs' correctness held), which
   more seeds do not shrink.
+- **the picture** (``--plot FILE``): each arm's novel accuracy per seed, the seeds' runs joined across the arms, and
+  each arm's per-seed gaps to the baseline with their mean ± 2 SE against issue 14's +5.
 
     .venv/bin/python benchmarks/real_sets.py phosphor      # the set and its cache, from nothing
     .venv/bin/python benchmarks/bare_pairs.py --features /work/cache/phosphor-lite0-128-b1-v8 \\
         --arm bare= --arm "uno=--method.name uno" --seeds 0-4 --parallel 2 --out runs/bare-phosphor
+    .venv/bin/python benchmarks/bare_pairs.py --features … --seeds 0-4 --out runs/bare-phosphor --read-only \\
+        --plot runs/bare-phosphor/pairs.png
 
 Nothing is timed: runs share the machine and their wall time is printed only as a record.
 """
@@ -45,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE)]
 
-from scoreboard import goal_status  # noqa: E402  (issue 14's goal, as the configs' scoreboard reads it)
+from scoreboard import GOAL_GAP, goal_status  # noqa: E402  (issue 14's goal, as the configs' scoreboard reads it)
 
 GROUPS = ("head", "medium", "tail")  #: the novel classes' groups by training count (3:4:3), as metrics.json has them
 
@@ -237,6 +241,54 @@ def render(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str) ->
     return "\n".join(lines)
 
 
+def gaps(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str) -> dict[str, dict]:
+    """Per arm but the baseline: ``{"per_seed": [S] novel gaps (points) to the baseline, "mean", "se"}`` (paired by
+    seed, :func:`paired`; ``se`` NaN under two seeds)."""
+    out = {}
+    for arm in runs:
+        if arm == baseline:
+            continue
+        d = [100 * (float(runs[arm][s]["novel"]) - float(runs[baseline][s]["novel"])) for s in seeds]
+        mean, se = paired(d, [0.0] * len(d)) if len(d) >= 2 else (d[0], float("nan"))
+        out[arm] = {"per_seed": d, "mean": mean, "se": se}
+    return out
+
+
+def plot(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str, path: Path) -> None:
+    """The reading as a picture, to ``path`` (PNG): left, every arm's novel accuracy (%) per seed, each seed's runs
+    joined across the arms; right, each arm's per-seed novel gaps to ``baseline`` (points) with their mean ± 2 SE,
+    beside 0 and issue 14's +5."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(runs)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1.2, 1]})
+    for s in seeds:
+        left.plot(range(len(arms)), [100 * float(runs[a][s]["novel"]) for a in arms], "o-", lw=1, alpha=0.8,
+                  label=f"seed {s}")
+    left.set_xticks(range(len(arms)), arms)
+    left.set_ylabel("novel class-mean accuracy (%)")
+    left.set_title("per seed")
+    left.legend(fontsize=7, ncol=2)
+    rows = gaps(seeds, runs, baseline)
+    for y, (arm, row) in enumerate(rows.items()):
+        right.plot(row["per_seed"], [y] * len(row["per_seed"]), "o", color="tab:blue", alpha=0.5)
+        right.errorbar([row["mean"]], [y], xerr=[2 * row["se"]] if row["se"] == row["se"] else None, fmt="D",
+                       color="black", capsize=4)
+    right.axvline(0, color="grey", lw=1)
+    right.axvline(GOAL_GAP, color="tab:green", ls="--", lw=1, label=f"issue 14's goal (+{GOAL_GAP:g})")
+    right.set_yticks(range(len(rows)), [f"{arm} − {baseline}" for arm in rows])
+    right.set_ylim(-0.7, len(rows) - 0.3)
+    right.set_xlabel("novel gap (points): seeds, mean ± 2 SE")
+    right.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -250,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="folder of the runs (ARM-sS) and their logs")
     parser.add_argument("--no-start-after", default=None, metavar="HH:MM", help="UTC time after which no run starts")
     parser.add_argument("--read-only", action="store_true", help="read the runs in --out; train nothing")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE",
+                        help="also draw the reading (PNG): novel accuracy per seed and arm, and each arm's gaps to the "
+                             "baseline with their mean ± 2 SE")
     args = parser.parse_args(argv)
     try:
         arms = [parse_arm(text) for text in (args.arms or ["bare=", "uno=--method.name uno"])]
@@ -271,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no seed finished by every arm in {args.out}", file=sys.stderr)
         return 1
     print(render(paired_seeds, runs, baseline))
+    if args.plot is not None:
+        plot(paired_seeds, runs, baseline, args.plot)
+        print(f"\nthe picture: {args.plot}")
     found = read_predictions(args.out, arms, paired_seeds)
     if found is not None:
         print("\n" + render_test_split(*found, baseline))

@@ -154,3 +154,23 @@ def test_the_test_split_reading_aligns_images_and_gives_its_resolution_and_the_g
         (tmp_path / f"{arm}-s{seed}" / "metrics.json").write_text(json.dumps(write_run_metrics))
     assert bare.main(["--features", "unused", "--out", str(tmp_path), "--seeds", "0-1", "--read-only"]) == 0
     assert "novel resolution (binomial SE)" in capsys.readouterr().out
+
+
+def test_the_picture_shows_each_arms_per_seed_gaps_to_the_baseline(tmp_path):
+    """``--plot``: the gaps it draws are the paired per-seed gaps (points) with the table's mean and SE, and the file
+    is a PNG; a second arm gets its own row, the baseline none."""
+    for seed, (b, j, u) in enumerate([(0.30, 0.25, 0.20), (0.26, 0.27, 0.22), (0.28, 0.20, 0.19)]):
+        write_run(tmp_path, "bare", seed, b, 0.50)
+        write_run(tmp_path, "j2048", seed, j, 0.50)
+        write_run(tmp_path, "uno", seed, u, 0.49)
+    arms = [BARE, bare.Arm("j2048", ("--labeler.reg_m", "0")), UNO]
+    seeds, runs = bare.read_runs(tmp_path, arms, [0, 1, 2])
+    rows = bare.gaps(seeds, runs, "uno")
+    assert set(rows) == {"bare", "j2048"}
+    assert rows["bare"]["per_seed"] == pytest.approx([10.0, 4.0, 9.0])
+    assert (rows["bare"]["mean"], rows["bare"]["se"]) == pytest.approx(bare.paired([30, 26, 28], [20, 22, 19]))
+    assert rows["j2048"]["per_seed"] == pytest.approx([5.0, 5.0, 1.0])
+    path = tmp_path / "pics" / "pairs.png"
+    assert bare.main(["--features", "unused", "--arm", "bare=", "--arm", "j2048=--labeler.reg_m 0", "--arm",
+                      "uno=--method.name uno", "--out", str(tmp_path), "--read-only", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
