@@ -249,8 +249,8 @@ def gaps(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str) -> d
         if arm == baseline:
             continue
         d = [100 * (float(runs[arm][s]["novel"]) - float(runs[baseline][s]["novel"])) for s in seeds]
-        mean, se = paired(d, [0.0] * len(d)) if len(d) >= 2 else (d[0], float("nan"))
-        out[arm] = {"per_seed": d, "mean": mean, "se": se}
+        mean, std = mean_std(d)
+        out[arm] = {"per_seed": d, "mean": mean, "se": std / math.sqrt(len(d))}
     return out
 
 
