@@ -10,8 +10,8 @@ of an epoch of the novel pool (``labeler.buffer_epochs 0.2``). Measured at the b
 (sizes held, J 2048) and UNO's bare command: +1.31 novel points (SE 1.10) over the paper's labeler pooled (four sets
 up, two down), ahead of UNO on all six (+1.57, SE 0.92, over the five icon sets), where the paper's labeler led UNO on
 three. Chosen by a rule registered before the sixth set (MDI-LT) was run. Re-read at five seeds (sessions 69–71),
-the icon sets' lead is gone — level with UNO on Phosphor-LT (+0.19, SE 1.94) and Emoji-LT (+0.30, SE 1.41) — and
-OpenClipart-LT's is smaller (+1.25, SE 0.39); ahead on known classes on all three (+1.7 to +1.8), behind on the novel
+the lead is gone on Phosphor-LT and Emoji-LT — level with UNO (+0.19, SE 1.94; +0.30, SE 1.41) — and on
+OpenClipart-LT it is smaller (+1.25, SE 0.39); ahead on known classes on all three (+1.7 to +1.8), behind on the novel
 tail on all three.
 
 ``--labeler.*`` flags and a ``--config`` file override it; ``--method.name uno`` (or any other method) never gets it.
