@@ -244,13 +244,14 @@ def render(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str) ->
 def gaps(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str) -> dict[str, dict]:
     """Per arm but the baseline: ``{"per_seed": [S] novel gaps (points) to the baseline, "mean", "se"}`` (paired by
     seed, :func:`paired`; ``se`` NaN under two seeds)."""
+    def novel(arm: str) -> list[float]:
+        return [100 * float(runs[arm][s]["novel"]) for s in seeds]
+
     out = {}
     for arm in runs:
-        if arm == baseline:
-            continue
-        d = [100 * (float(runs[arm][s]["novel"]) - float(runs[baseline][s]["novel"])) for s in seeds]
-        mean, std = mean_std(d)
-        out[arm] = {"per_seed": d, "mean": mean, "se": std / math.sqrt(len(d))}
+        if arm != baseline:
+            mean, se = paired(novel(arm), novel(baseline))
+            out[arm] = {"per_seed": [a - b for a, b in zip(novel(arm), novel(baseline))], "mean": mean, "se": se}
     return out
 
 
@@ -275,7 +276,7 @@ def plot(seeds: list[int], runs: dict[str, dict[int, dict]], baseline: str, path
     rows = gaps(seeds, runs, baseline)
     for y, (arm, row) in enumerate(rows.items()):
         right.plot(row["per_seed"], [y] * len(row["per_seed"]), "o", color="tab:blue", alpha=0.5)
-        right.errorbar([row["mean"]], [y], xerr=[2 * row["se"]] if row["se"] == row["se"] else None, fmt="D",
+        right.errorbar([row["mean"]], [y], xerr=None if math.isnan(row["se"]) else [2 * row["se"]], fmt="D",
                        color="black", capsize=4)
     right.axvline(0, color="grey", lw=1)
     right.axvline(GOAL_GAP, color="tab:green", ls="--", lw=1, label=f"issue 14's goal (+{GOAL_GAP:g})")
