@@ -57,7 +57,9 @@ class AdaptiveSelfLabeler(nn.Module):
     scores, but no cluster shrinks below the floor. ``relax_bound`` (relaxed sizes only; ``labeler.relax_bound``,
     resolved) is how far the relaxation may take the pseudo-labels: the training loop hands it each epoch's hard
     pseudo-label counts (:meth:`watch_epoch_sizes`), and once they are more imbalanced than the bound the sizes are
-    held at ``w`` for the rest of the run (:attr:`relax_stopped`, checkpointed). The learned
+    held at ``w`` for the rest of the run (:attr:`relax_stopped`, checkpointed) — or, with ``relax_tighten = f > 1``,
+    ``ρ`` is multiplied by ``f`` at each epoch past it (:attr:`relax_scale`, checkpointed): a firmer pull towards
+    ``w`` that keeps the relaxation. The learned
     parameter and its SGD state persist across calls and are part of ``state_dict()``. Identical inputs and state give identical outputs, so DDP ranks solving the same
     gathered problem stay in lock-step.
     """
@@ -79,6 +81,7 @@ class AdaptiveSelfLabeler(nn.Module):
         reg_m: float = 0.0,
         size_bounds: tuple[float, float] | None = None,
         relax_bound: float | None = None,
+        relax_tighten: float = 0.0,
     ) -> None:
         super().__init__()
         if num_clusters < 1:
@@ -99,6 +102,13 @@ class AdaptiveSelfLabeler(nn.Module):
             raise ValueError(f"relax_bound bounds relaxed sizes: it needs reg_m > 0 and a bound > 1, got reg_m={reg_m}, "
                              f"relax_bound={relax_bound}")
         self.relax_bound = relax_bound
+        if not (relax_tighten == 0 or relax_tighten > 1):
+            raise ValueError(f"relax_tighten is 0 (hold the sizes past the bound) or a factor > 1 on reg_m, "
+                             f"got {relax_tighten}")
+        self.relax_tighten = relax_tighten
+        #: the factor on ``reg_m`` that epochs past :attr:`relax_bound` built up under ``relax_tighten`` (1: none yet;
+        #: state: checkpointed, so a resumed run keeps the firmer pull)
+        self.relax_scale = 1.0
         #: True once an epoch's pseudo-labels ran past :attr:`relax_bound`: the sizes are held at ``w`` from then on
         #: (state: checkpointed, so a resumed run keeps holding them)
         self.relax_stopped = False
@@ -124,7 +134,8 @@ class AdaptiveSelfLabeler(nn.Module):
                    gamma=cfg.gamma_for(num_clusters), lr=cfg.lr, momentum=cfg.momentum, init_t=cfg.init_t, fixed_prior=fixed_prior,
                    max_imbalance=cfg.max_imbalance or None, reg_m=cfg.reg_m,
                    size_bounds=cls.bounds_for(cfg, num_clusters),
-                   relax_bound=cls.relax_bound_for(cfg) if cfg.reg_m > 0 else None)
+                   relax_bound=cls.relax_bound_for(cfg) if cfg.reg_m > 0 else None,
+                   relax_tighten=cfg.relax_tighten)
 
     @staticmethod
     def relax_bound_for(cfg: LabelerConfig) -> float | None:
@@ -156,9 +167,14 @@ class AdaptiveSelfLabeler(nn.Module):
     # -- state -------------------------------------------------------------------------------
     @property
     def kappa(self) -> float:
-        """The Sinkhorn column updates' power ``κ = ρ / (ρ + ε)`` (1: the sizes held at ``w``, also while
-        :attr:`sizes_held` and once :attr:`relax_stopped`)."""
-        return 1.0 if self.sizes_held or self.relax_stopped else size_exponent(self.reg_m, self.eps)
+        """The Sinkhorn column updates' power ``κ = ρ / (ρ + ε)`` with ``ρ`` = :attr:`reg_m_now` (1: the sizes held at
+        ``w``, also while :attr:`sizes_held` and once :attr:`relax_stopped`)."""
+        return 1.0 if self.sizes_held or self.relax_stopped else size_exponent(self.reg_m_now, self.eps)
+
+    @property
+    def reg_m_now(self) -> float:
+        """``ρ`` of the next solve: ``reg_m`` times the :attr:`relax_scale` that ``relax_tighten`` built up."""
+        return self.reg_m * self.relax_scale
 
     @property
     def active_bounds(self) -> tuple[float, float] | None:
@@ -173,19 +189,26 @@ class AdaptiveSelfLabeler(nn.Module):
     def watch_epoch_sizes(self, counts_empty: float, imbalance: float) -> bool:
         """After a self-labeling epoch: its hard pseudo-labels' ``counts_empty`` (clusters that got none) and
         ``imbalance`` (largest count over the smallest non-empty one; :func:`ncdlr.metrics.pseudo_label_sizes`).
-        Holds the sizes from now on when they ran past :attr:`relax_bound` (:func:`ran_past_bound`); True when
-        this call stopped the relaxation."""
+        When they ran past :attr:`relax_bound` (:func:`ran_past_bound`): holds the sizes from now on, or with
+        ``relax_tighten`` multiplies :attr:`reg_m_now` by it. True when this call stopped or tightened the relaxation."""
         if self.relax_bound is None or self.relax_stopped or self.kappa == 1.0:
             return False
-        self.relax_stopped = ran_past_bound(counts_empty, imbalance, self.relax_bound)
-        return self.relax_stopped
+        if not ran_past_bound(counts_empty, imbalance, self.relax_bound):
+            return False
+        if self.relax_tighten > 0:
+            self.relax_scale *= self.relax_tighten
+        else:
+            self.relax_stopped = True
+        return True
 
     def get_extra_state(self) -> dict:
-        return {"optimizer": self._optimizer.state_dict() if self._optimizer else {}, "relax_stopped": self.relax_stopped}
+        return {"optimizer": self._optimizer.state_dict() if self._optimizer else {}, "relax_stopped": self.relax_stopped,
+                "relax_scale": self.relax_scale}
 
     def set_extra_state(self, state: dict) -> None:
         self._graphs.clear()  # captured graphs point at the momentum tensor that is replaced here
         self.relax_stopped = bool(state.get("relax_stopped", False))  # checkpoints before relax_bound: never stopped
+        self.relax_scale = float(state.get("relax_scale", 1.0))  # checkpoints before relax_tighten: never tightened
         if self._optimizer is not None and state.get("optimizer"):
             self._optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # never alias the source's momentum
 

@@ -186,7 +186,10 @@ def test_from_config_takes_every_labeler_field_of_the_config():
              and labeler.size_bounds is None,
              "relax_bound": AdaptiveSelfLabeler.from_config(
                  LabelerConfig(prior="uniform", reg_m=0.2, relax_bound="12.5"), 20).relax_bound == 12.5
-             and labeler.relax_bound is None}
+             and labeler.relax_bound is None,
+             "relax_tighten": AdaptiveSelfLabeler.from_config(
+                 LabelerConfig(prior="uniform", reg_m=0.2, relax_bound="12.5", relax_tighten=2.0), 20).relax_tighten
+             == 2.0 and labeler.relax_tighten == 0.0}
     assert all(taken.values()), taken
     # the discovery step's, the training loop's (it sets sizes_held per step from relax_after_epochs) and the
     # trainer's (buffer_epochs shortens buffer_size before the buffer is built: tests/service/test_buffer_cap.py)
@@ -258,6 +261,33 @@ def test_a_relax_bound_holds_the_sizes_from_the_epoch_that_runs_past_it_and_the_
     warming = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0)
     warming.sizes_held = True  # a warm-up epoch (relax_after_epochs) held the sizes: nothing relaxed to judge
     assert not warming.watch_epoch_sizes(3.0, 50.0) and not warming.relax_stopped
+
+
+def test_relax_tighten_multiplies_reg_m_at_each_epoch_past_the_bound_instead_of_holding_and_the_state_keeps_it():
+    """``labeler.relax_tighten = 3``: the first epoch past the bound makes ρ 0.45 → 1.35 (κ = 1.35 / 1.4) and the
+    solve is the one of ``reg_m = 1.35``; an epoch within the bound leaves it; the next past it makes ρ 4.05. The sizes
+    are never held (:attr:`relax_stopped` stays False), and ``state_dict()`` carries the factor to a resumed run; a
+    checkpoint written before the option loads with none."""
+    scores = torch.randn(96, 6).clamp(-1, 1)
+    labeler = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0, relax_tighten=3.0)
+    assert labeler.watch_epoch_sizes(0.0, 14.0) and not labeler.relax_stopped
+    assert labeler.reg_m_now == pytest.approx(1.35) and labeler.kappa == pytest.approx(1.35 / 1.4)
+    firmer = AdaptiveSelfLabeler(6, prior="uniform", reg_m=1.35)
+    torch.testing.assert_close(labeler(scores), firmer(scores))
+    assert not labeler.watch_epoch_sizes(0.0, 9.0) and labeler.reg_m_now == pytest.approx(1.35)
+    assert labeler.watch_epoch_sizes(2.0, 3.0) and labeler.reg_m_now == pytest.approx(4.05)  # an empty cluster
+    assert not labeler.relax_stopped and labeler.kappa < 1.0
+    resumed = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0, relax_tighten=3.0)
+    resumed.load_state_dict(labeler.state_dict())
+    assert resumed.reg_m_now == pytest.approx(4.05) and resumed.kappa == labeler.kappa
+    old = dict(labeler.state_dict())
+    old["_extra_state"] = {"optimizer": {}, "relax_stopped": False}
+    fresh = AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0, relax_tighten=3.0)
+    fresh.load_state_dict(old)
+    assert fresh.reg_m_now == pytest.approx(0.45)
+    for bad in (0.5, 1.0, -2.0):
+        with pytest.raises(ValueError, match="relax_tighten is 0"):
+            AdaptiveSelfLabeler(6, prior="uniform", reg_m=0.45, relax_bound=10.0, relax_tighten=bad)
 
 
 @pytest.mark.parametrize("reg_m, bound", [(0.0, 10.0), (0.45, 1.0), (0.45, 0.5)])

@@ -35,7 +35,7 @@ class UNO(Method):
     #: sizes and loss options (chosen for ncdlr) do not carry over to ``--method.name uno``; given on the command line
     #: (``--labeler.reg_m``, ``--method.task_weight``, ...) they still apply
     file_resets = {"labeler.reg_m": 0.0, "labeler.size_floor": "none", "labeler.relax_after_epochs": 0.0,
-                   "labeler.relax_bound": "none",
+                   "labeler.relax_bound": "none", "labeler.relax_tighten": 0.0,
                    **NCDLR_LOSS_OPTIONS}
 
     def __init__(self, cfg: MethodConfig, balanced: AdaptiveSelfLabeler,

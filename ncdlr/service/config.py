@@ -257,6 +257,11 @@ def _check_choice(key: str, value: Any) -> None:
             raise ConfigError(f"config key {key!r}: expected 'none', 'known' or an imbalance > 1 (largest over smallest "
                               f"cluster), got {value!r}")
         return
+    if key == "labeler.relax_tighten":
+        if not (value == 0 or value > 1):
+            raise ConfigError(f"config key {key!r}: expected 0 (hold the sizes once past labeler.relax_bound) or a "
+                              f"factor > 1 on labeler.reg_m, got {value!r}")
+        return
     if key == "model.num_novel":
         if value != "auto" and not (value.isdigit()):
             raise ConfigError(f"config key {key!r}: expected 'auto' or a non-negative integer "
@@ -358,6 +363,9 @@ def resolve(settings: list[Setting]) -> Config:
         raise ConfigError(f"labeler.relax_after_epochs={cfg.labeler.relax_after_epochs:g} holds the cluster sizes for "
                           f"all {discovery_epochs:g} epochs of self-labeling (optim.epochs − optim.known_warmup_epochs), "
                           f"so labeler.reg_m never relaxes them; lower it, or set labeler.reg_m 0 for held sizes")
+    if cfg.labeler.relax_tighten > 0 and cfg.labeler.reg_m > 0 and cfg.labeler.relax_bound == "none":
+        raise ConfigError(f"labeler.relax_tighten={cfg.labeler.relax_tighten:g} acts on the epochs whose pseudo-labels "
+                          f"run past labeler.relax_bound, which is none: set labeler.relax_bound (known, or a number > 1)")
     if 0 < cfg.labeler.max_imbalance <= 1:
         raise ConfigError(f"labeler.max_imbalance={cfg.labeler.max_imbalance:g}: an imbalance (largest over smallest "
                           f"size) is > 1, or 0 for the known classes' own")

@@ -118,8 +118,10 @@ def cluster_sizes_phrase(labeler: AdaptiveSelfLabeler | None, relax_after_epochs
     kind = labeler.prior.kind
     if labeler.reg_m > 0:
         held = f" after {relax_after_epochs:g} epoch(s) held" if relax_after_epochs > 0 else ""
-        bound = f", held once the pseudo-labels pass {labeler.relax_bound:g}-fold" if labeler.relax_bound else ""
-        stopped = " (held since the bound was passed)" if labeler.relax_stopped else ""
+        past = (f"reg_m ×{labeler.relax_tighten:g} at each epoch" if labeler.relax_tighten else "held once")
+        bound = f", {past} the pseudo-labels pass {labeler.relax_bound:g}-fold" if labeler.relax_bound else ""
+        stopped = " (held since the bound was passed)" if labeler.relax_stopped else (
+            f" (reg_m {labeler.reg_m_now:g} since the bound was passed)" if labeler.relax_scale != 1 else "")
         return f"sizes relaxed towards the {kind} prior (reg_m {labeler.reg_m:g}){held}{bound}{stopped}"
     return f"sizes held at the {kind} prior"
 
@@ -275,6 +277,13 @@ class EpochLog:
                              f"epoch {state.epoch} ({empty} of {state.model.num_novel} clusters without a pseudo-label, "
                              f"the largest holding {metrics['cluster_imbalance']:.0f}× the smallest of the rest): held at "
                              f"the {labeler.prior.kind} prior's sizes from epoch {int(metrics['sizes_held_from_epoch'])} on")
+        if "sizes_tightened_from_epoch" in metrics:
+            labeler = state.labeler
+            self.say("line", f"[ncdlr] the relaxed cluster sizes ran past labeler.relax_bound {labeler.relax_bound:g} in "
+                             f"epoch {state.epoch} ({empty} of {state.model.num_novel} clusters without a pseudo-label, "
+                             f"the largest holding {metrics['cluster_imbalance']:.0f}× the smallest of the rest): reg_m "
+                             f"{metrics['reg_m_now']:g} (labeler.relax_tighten {labeler.relax_tighten:g}) from epoch "
+                             f"{int(metrics['sizes_tightened_from_epoch'])} on")
         for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share",
                     "clusters_empty", "cluster_imbalance", "pseudo_label_confidence"):
             if key in metrics:

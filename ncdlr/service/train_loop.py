@@ -341,12 +341,18 @@ def watch_relaxation(state: WorkerState, sizes: dict[str, float]) -> dict[str, f
     """Hand an epoch's pseudo-label sizes (:func:`epoch_cluster_sizes`, the same on every rank) to every labeler's
     ``labeler.relax_bound`` watch (:meth:`~ncdlr.labeler.AdaptiveSelfLabeler.watch_epoch_sizes`). Returns
     ``{"sizes_held_from_epoch": e}`` when this epoch stopped a relaxation (the sizes are held from epoch ``e + 1``
-    on), else ``{}``."""
+    on), ``{"sizes_tightened_from_epoch": e, "reg_m_now": ρ}`` when it tightened one (``labeler.relax_tighten``: the
+    first labeler's ``ρ`` from epoch ``e + 1`` on), else ``{}``."""
     if not sizes:
         return {}
-    stopped = [labeler.watch_epoch_sizes(sizes["clusters_empty"], sizes["cluster_imbalance"])
-               for labeler in state.method.labelers]
-    return {"sizes_held_from_epoch": float(state.epoch + 1)} if any(stopped) else {}
+    acted = [labeler.watch_epoch_sizes(sizes["clusters_empty"], sizes["cluster_imbalance"])
+             for labeler in state.method.labelers]
+    if not any(acted):
+        return {}
+    first = state.method.labelers[0]
+    if first.relax_stopped:
+        return {"sizes_held_from_epoch": float(state.epoch + 1)}
+    return {"sizes_tightened_from_epoch": float(state.epoch + 1), "reg_m_now": first.reg_m_now}
 
 
 def mix_plans(state: WorkerState, batch: PairedBatch, alpha: float) -> tuple[MixPlan, MixPlan] | None:

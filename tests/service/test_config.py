@@ -142,6 +142,20 @@ def test_relax_bound_takes_known_or_an_imbalance_above_one_and_is_inert_under_he
             load_config(None, relaxed + ["--labeler.relax_bound", bad])
 
 
+def test_relax_tighten_takes_zero_or_a_factor_above_one_and_needs_a_bound_under_relaxed_sizes():
+    """``labeler.relax_tighten``: 0 (the guard holds the sizes) or a factor > 1 on ``reg_m``; it acts only on epochs
+    past ``labeler.relax_bound``, so relaxed sizes without a bound refuse it by name; held sizes leave it inert."""
+    bounded = ["--labeler.prior", "uniform", "--reg-m", "0.45", "--labeler.relax_bound", "known"]
+    assert load_config(None, bounded + ["--labeler.relax_tighten", "3"]).labeler.relax_tighten == 3.0
+    assert load_config(None, bounded).labeler.relax_tighten == 0.0
+    assert load_config(None, ["--labeler.relax_tighten", "3"]).labeler.reg_m == 0.0
+    for bad in ("1", "0.5", "-3"):
+        with pytest.raises(ConfigError, match="'labeler.relax_tighten': expected 0"):
+            load_config(None, bounded + ["--labeler.relax_tighten", bad])
+    with pytest.raises(ConfigError, match="labeler.relax_tighten=3 acts on the epochs .* labeler.relax_bound, which is none"):
+        load_config(None, ["--labeler.prior", "uniform", "--reg-m", "0.45", "--labeler.relax_tighten", "3"])
+
+
 def test_known_warmup_epochs_is_read_from_the_command_line_and_refuses_a_negative_count():
     assert load_config(None, ["--known-warmup-epochs", "1.5"]).optim.known_warmup_epochs == 1.5
     with pytest.raises(ConfigError, match="optim.known_warmup_epochs"):

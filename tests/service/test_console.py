@@ -99,6 +99,11 @@ def test_the_first_line_says_how_the_clusters_sizes_are_treated():
                                              "pseudo-labels pass 34.5-fold")
     bounded.relax_stopped = True  # a run resumed after its relaxation stopped
     assert cluster_sizes_phrase(bounded).endswith("34.5-fold (held since the bound was passed)")
+    tightening = AdaptiveSelfLabeler(5, prior="uniform", reg_m=0.45, relax_bound=34.5, relax_tighten=3.0)
+    assert cluster_sizes_phrase(tightening).endswith("(reg_m 0.45), reg_m ×3 at each epoch the pseudo-labels pass "
+                                                     "34.5-fold")
+    tightening.relax_scale = 3.0  # a run resumed after one epoch past the bound
+    assert cluster_sizes_phrase(tightening).endswith("34.5-fold (reg_m 1.35 since the bound was passed)")
     assert cluster_sizes_phrase(None) == ""
 
 
@@ -126,6 +131,28 @@ def test_the_epoch_that_stops_a_relaxation_says_so_in_a_line(tmp_path, capfd):
     assert ("ran past labeler.relax_bound 34.5 in epoch 2" in stops[0] and "0 of 35 clusters" in stops[0]
             and "the largest holding 41× the smallest" in stops[0]
             and "held at the uniform prior's sizes from epoch 3 on" in stops[0])
+
+
+def test_the_epoch_that_tightens_a_relaxation_says_so_in_a_line(tmp_path, capfd):
+    """``labeler.relax_tighten``: the epoch whose pseudo-labels ran past the bound gets one line with the bound,
+    what the pseudo-labels did, and the ``reg_m`` from the next epoch on."""
+    from types import SimpleNamespace
+
+    from ncdlr.labeler import AdaptiveSelfLabeler
+    from ncdlr.service.config import Config
+    from ncdlr.service.console import EpochLog
+
+    cfg = Config()
+    cfg.run.output = str(tmp_path)
+    log = EpochLog(cfg, rank=0)
+    labeler = AdaptiveSelfLabeler(35, prior="uniform", reg_m=0.45, relax_bound=34.5, relax_tighten=3.0)
+    state = SimpleNamespace(epoch=2, model=SimpleNamespace(num_novel=35), labeler=labeler)
+    metrics = {"epoch_s": 1.0, "loss": 0.5, "tau": 1.0, "bad_images": 0.0, "steps_per_s": 9.0, "clusters_empty": 1.0}
+    log.epoch(state, {**metrics, "cluster_imbalance": 41.3, "sizes_tightened_from_epoch": 3.0, "reg_m_now": 1.35})
+    log.close()
+    lines = [line for line in capfd.readouterr().out.splitlines() if "relax_bound" in line]
+    assert len(lines) == 1 and "1 of 35 clusters without a pseudo-label" in lines[0]
+    assert "reg_m 1.35 (labeler.relax_tighten 3) from epoch 3 on" in lines[0] and "held at" not in lines[0]
 
 
 def test_the_first_line_names_the_optional_loss_terms_that_are_on():

@@ -150,6 +150,29 @@ def test_a_relax_bound_holds_the_sizes_from_the_epoch_after_the_one_that_ran_pas
     assert not bounded.labeler.relax_stopped
 
 
+def test_relax_tighten_raises_reg_m_from_the_epoch_after_the_one_past_the_bound_also_after_a_resume(splits, tmp_path):
+    """``labeler.relax_tighten 3``: the epoch past the bound reports ``sizes_tightened_from_epoch`` and the new ρ, and
+    every later solve uses ρ = 1.35 (κ = 1.35 / 1.4), never the held sizes (κ = 1); the checkpoint keeps the factor."""
+    cfg = small_config()
+    cfg.labeler.prior, cfg.labeler.reg_m, cfg.labeler.relax_bound = "uniform", 0.45, "1.0001"
+    cfg.labeler.relax_tighten = 3.0
+    state = new_state(cfg, splits)
+    kappas: list[float] = []
+    targets = state.method.novel_targets_heads
+    state.method.novel_targets_heads = lambda *args: (kappas.append(state.labeler.kappa), targets(*args))[1]
+    first = run_epoch(state, batches(splits, cfg, 0), cfg.optim)
+    assert first["sizes_tightened_from_epoch"] == 2.0 and first["reg_m_now"] == pytest.approx(1.35)
+    assert "sizes_held_from_epoch" not in first
+    steps = len(kappas)
+    run_epoch(state, batches(splits, cfg, 1), cfg.optim)
+    assert kappas == [pytest.approx(0.9)] * steps + [pytest.approx(1.35 / 1.4)] * steps
+    assert not state.labeler.relax_stopped and state.labeler.reg_m_now == pytest.approx(4.05)  # the 2nd epoch ran past too
+    save_state(tmp_path, state, buffer=buffer_of(state).state_dict(), rng=[rng_state()], config=cfg.to_dict())
+    resumed = new_state(cfg, splits)
+    restore_state(resumed, load_checkpoint(tmp_path))
+    assert resumed.labeler.reg_m_now == pytest.approx(4.05) and not resumed.labeler.relax_stopped
+
+
 def test_an_epoch_reports_how_many_clusters_its_pseudo_labels_left_empty(splits):
     """``clusters_empty`` / ``cluster_imbalance``: the epoch's hard pseudo-labels (both views, valid rows) counted
     per novel cluster, read from the targets the steps trained on; ``pseudo_label_confidence``: the same rows'
