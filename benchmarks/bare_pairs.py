@@ -4,7 +4,7 @@ Sessions 62–69 compared labelers of the bare activation-cache command (no ``--
 (``--method.name uno`` alone) this way, from scripts that lived outside the repository. This is that protocol as
 one command, so a reading in docs/results.md names a command that still exists:
 
-- **run** (default): for each seed in turn (seed-major, so a stopped campaign leaves whole seeds), every arm's
+- **run** (default): for each seed in turn (seed-major, so a stopped campaign leaves its first seeds), every arm's
   ``ncdlr train --features CACHE --seed S --model.head mlp FLAGS --output OUT/ARM-sS`` as a subprocess, ``--parallel``
   at a time; a run whose ``metrics.json`` exists is not run again (resumable); ``--no-start-after HH:MM`` (UTC) is a
   registered deadline: no run starts after it. Each run's console goes to ``OUT/ARM-sS.log``.
@@ -115,7 +115,8 @@ def past(deadline: str | None, now: datetime | None = None) -> bool:
 
 
 def run_all(features: str, arms: list[Arm], seeds: list[int], out: Path, parallel: int, deadline: str | None) -> int:
-    """Seed-major, ``parallel`` runs at a time; prints one line a run. The number of runs that failed."""
+    """Seed-major, ``parallel`` runs at a time (a later seed's run starts as soon as a slot frees); prints one line a
+    run. The number of runs that failed."""
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
 
@@ -134,9 +135,11 @@ def run_all(features: str, arms: list[Arm], seeds: list[int], out: Path, paralle
         print(f"{folder.name}: exit {code} after {time.monotonic() - start:.0f} s", flush=True)
         return int(code != 0)
 
+    # every run queued at once, seed-major: runs start in that order and a slot that frees takes the next one, so
+    # an arm added beside finished ones keeps ``parallel`` of its seeds running (a pool per seed ran them one by one)
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        for seed in seeds:
-            failed += sum(pool.map(lambda arm: one(arm, seed), arms))
+        jobs = [pool.submit(one, arm, seed) for seed in seeds for arm in arms]
+        failed += sum(job.result() for job in jobs)
     return failed
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -174,3 +175,25 @@ def test_the_picture_shows_each_arms_per_seed_gaps_to_the_baseline(tmp_path):
     assert bare.main(["--features", "unused", "--arm", "bare=", "--arm", "j2048=--labeler.reg_m 0", "--arm",
                       "uno=--method.name uno", "--out", str(tmp_path), "--read-only", "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_of_later_seeds_fill_free_slots_so_a_new_arm_beside_finished_ones_runs_in_parallel(tmp_path, monkeypatch,
+                                                                                                capsys):
+    """An arm added beside finished runs (session 72: one new arm, two seeds): with ``parallel=2`` both seeds' runs
+    are in flight together. Each stand-in run (a real subprocess in place of ``ncdlr train``, which would cost a
+    minute) marks that it started and waits up to 20 s for the other's mark; run one at a time, the first would
+    give up and fail."""
+    write_run(tmp_path, "bare", 0, 0.3, 0.5)
+    write_run(tmp_path, "bare", 1, 0.3, 0.5)
+    waits = ("import pathlib, sys, time\n"
+             "out = pathlib.Path(sys.argv[1]); (out / f'started-{sys.argv[2]}').touch()\n"
+             "other = out / f'started-{1 - int(sys.argv[2])}'\n"
+             "deadline = time.monotonic() + 20\n"
+             "while not other.exists() and time.monotonic() < deadline: time.sleep(0.05)\n"
+             "sys.exit(0 if other.exists() else 1)\n")
+    monkeypatch.setattr(bare, "train_command", lambda features, arm, seed, out: [sys.executable, "-c", waits,
+                                                                                 str(out), str(seed)])
+    new = bare.Arm("tight", ("--labeler.relax_tighten", "3"))
+    assert bare.run_all("unused", [new, BARE], [0, 1], tmp_path, parallel=2, deadline=None) == 0
+    out = capsys.readouterr().out
+    assert "tight-s0: exit 0" in out and "tight-s1: exit 0" in out and "bare-s1: done before, kept" in out
