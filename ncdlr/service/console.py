@@ -271,19 +271,17 @@ class EpochLog:
                     if self.steps_per_epoch else None)
             self.say("line", empty_clusters_warning(empty, state.model.num_novel, state.epoch,
                                                     metrics["cluster_imbalance"], self.cfg.labeler, held))
-        if "sizes_held_from_epoch" in metrics:
+        if "sizes_held_from_epoch" in metrics or "sizes_tightened_from_epoch" in metrics:
             labeler = state.labeler
+            if "sizes_held_from_epoch" in metrics:
+                then = (f"held at the {labeler.prior.kind} prior's sizes from epoch "
+                        f"{int(metrics['sizes_held_from_epoch'])} on")
+            else:
+                then = (f"reg_m {metrics['reg_m_now']:g} (labeler.relax_tighten {labeler.relax_tighten:g}) from epoch "
+                        f"{int(metrics['sizes_tightened_from_epoch'])} on")
             self.say("line", f"[ncdlr] the relaxed cluster sizes ran past labeler.relax_bound {labeler.relax_bound:g} in "
                              f"epoch {state.epoch} ({empty} of {state.model.num_novel} clusters without a pseudo-label, "
-                             f"the largest holding {metrics['cluster_imbalance']:.0f}× the smallest of the rest): held at "
-                             f"the {labeler.prior.kind} prior's sizes from epoch {int(metrics['sizes_held_from_epoch'])} on")
-        if "sizes_tightened_from_epoch" in metrics:
-            labeler = state.labeler
-            self.say("line", f"[ncdlr] the relaxed cluster sizes ran past labeler.relax_bound {labeler.relax_bound:g} in "
-                             f"epoch {state.epoch} ({empty} of {state.model.num_novel} clusters without a pseudo-label, "
-                             f"the largest holding {metrics['cluster_imbalance']:.0f}× the smallest of the rest): reg_m "
-                             f"{metrics['reg_m_now']:g} (labeler.relax_tighten {labeler.relax_tighten:g}) from epoch "
-                             f"{int(metrics['sizes_tightened_from_epoch'])} on")
+                             f"the largest holding {metrics['cluster_imbalance']:.0f}× the smallest of the rest): {then}")
         for key in ("loss", "loss_s", "loss_u", "tau", "lr", "bad_images", "steps_per_s", "data_share",
                     "clusters_empty", "cluster_imbalance", "pseudo_label_confidence"):
             if key in metrics:
